@@ -1,0 +1,72 @@
+"""Compile execgate's native programs (the exec interposer, the exec wrapper, the launcher).
+
+Used by the package build (``setup.py``) and runnable on its own while developing::
+
+    python native/build.py src/execgate/_bin
+
+Plain ``cc`` invocations rather than setuptools ``Extension``s: none of these is a Python
+module, and the interposer must not link anything but libc (every gated exec loads it).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+NATIVE = Path(__file__).resolve().parent
+
+# target -> (sources, extra flags). Headers in native/ are dependencies of every target.
+TARGETS: dict[str, tuple[list[str], list[str]]] = {
+    "libexecgate.so": (
+        ["interpose.c", "gate.c", "common.c"],
+        ["-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-z,now"],
+    ),
+    "execgate-wrapper": (["wrapper.c", "gate.c", "common.c"], []),
+    "execgate-launch": (["launch.c", "sandbox.c", "common.c"], []),
+}
+
+CFLAGS = ["-std=gnu11", "-O2", "-g", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+
+
+def _compiler() -> list[str]:
+    return shlex.split(os.environ.get("CC", "cc"))
+
+
+def _stale(output: Path, sources: list[Path]) -> bool:
+    if not output.exists():
+        return True
+    built = output.stat().st_mtime
+    deps = sources + list(NATIVE.glob("*.h")) + [Path(__file__)]
+    return any(dep.stat().st_mtime > built for dep in deps)
+
+
+def build(out_dir: Path, *, force: bool = False) -> list[Path]:
+    """Build every target into ``out_dir``; return the paths of the built files."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outputs = []
+    extra = shlex.split(os.environ.get("CFLAGS", ""))
+    for name, (srcs, flags) in TARGETS.items():
+        sources = [NATIVE / s for s in srcs]
+        output = out_dir / name
+        outputs.append(output)
+        if not force and not _stale(output, sources):
+            continue
+        tmp = output.with_name(output.name + ".tmp")
+        cmd = [*_compiler(), *CFLAGS, *extra, *flags, "-o", str(tmp), *map(str, sources)]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.stderr.write(result.stderr)
+            raise SystemExit(f"native build failed: {shlex.join(cmd)}")
+        if result.stderr:
+            sys.stderr.write(result.stderr)
+        tmp.replace(output)  # atomic: a running test never sees a half-written binary
+    return outputs
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else NATIVE.parent / "src/execgate/_bin"
+    for path in build(target, force="--force" in sys.argv):
+        print(path)

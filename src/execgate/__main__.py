@@ -1,0 +1,3 @@
+from execgate.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,60 @@
+"""The ``execgate`` command line: one module per command group, each with ``register()``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from importlib import import_module
+
+from execgate import __version__
+from execgate.errors import ExecgateError
+
+# Modules under execgate.cli that add commands; each has register(subparsers).
+COMMAND_MODULES = ["check", "rules", "run", "sandbox", "mcp", "approvals"]
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="execgate",
+        description="Gate every program execution by policy.",
+    )
+    parser.add_argument("--version", action="version", version=f"execgate {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = import_module(f"execgate.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"execgate.cli.{name}":
+                raise
+            continue  # command group not built yet
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return handler(args)
+    except ExecgateError as exc:
+        print(f"execgate: error: {exc.message}", file=sys.stderr)
+        return exc.exit_status
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # last resort: a bug, still no traceback unless asked for
+        if os.environ.get("EXECGATE_DEBUG"):
+            raise
+        print(
+            f"execgate: internal error: {type(exc).__name__}: {exc} "
+            "(set EXECGATE_DEBUG=1 for a traceback)",
+            file=sys.stderr,
+        )
+        return 70

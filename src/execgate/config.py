@@ -1,0 +1,109 @@
+"""``$EXECGATE_HOME/config.toml``: the user's settings, typed and validated.
+
+Unknown keys and wrong types are errors naming the file and key, so a typo never silently
+turns a protection off.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from execgate import paths
+from execgate.errors import ExecgateError
+
+SANDBOX_MODES = ("read-only", "workspace-write", "off")
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    mode: str | None = None  # None: the front end's default (run: off, mcp: workspace-write)
+    writable_roots: tuple[str, ...] = ()
+    network: bool = False
+    strict_exec: bool = False
+    exec_dirs: tuple[str, ...] = ()
+    exclude_tmp: bool = False
+    exclude_tmpdir: bool = False
+    writable_git: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path | None = None
+    import_codex_rules: bool = True
+    # Escalated programs stay gated (their own execs are still decided by policy).
+    gate_escalated: bool = True
+    # Seconds a pending approval waits for a human before it is denied.
+    approval_timeout: float = 300.0
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+
+
+def _check(path: Path, key: str, value: Any, kind: type | tuple[type, ...]) -> Any:
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ExecgateError(f"{path}: `{key}` must be a {names}, got {value!r}")
+    return value
+
+
+def _strings(path: Path, key: str, value: Any) -> tuple[str, ...]:
+    items = _check(path, key, value, list)
+    return tuple(_check(path, f"{key}[{i}]", item, str) for i, item in enumerate(items))
+
+
+def _sandbox(path: Path, table: dict[str, Any]) -> SandboxConfig:
+    known = {
+        "mode", "writable_roots", "network", "strict_exec", "exec_dirs",
+        "exclude_tmp", "exclude_tmpdir", "writable_git",
+    }
+    for key in table:
+        if key not in known:
+            raise ExecgateError(f"{path}: unknown key `sandbox.{key}`")
+    mode = table.get("mode")
+    if mode is not None and mode not in SANDBOX_MODES:
+        raise ExecgateError(
+            f"{path}: `sandbox.mode` must be one of {', '.join(SANDBOX_MODES)}, got {mode!r}"
+        )
+    flags = {
+        k: _check(path, f"sandbox.{k}", table[k], bool)
+        for k in ("network", "strict_exec", "exclude_tmp", "exclude_tmpdir", "writable_git")
+        if k in table
+    }
+    return SandboxConfig(
+        mode=mode,
+        writable_roots=_strings(path, "sandbox.writable_roots", table.get("writable_roots", [])),
+        exec_dirs=_strings(path, "sandbox.exec_dirs", table.get("exec_dirs", [])),
+        **flags,
+    )
+
+
+def load_config(path: Path | None = None) -> Config:
+    """Read the config file (default ``$EXECGATE_HOME/config.toml``); absent means defaults."""
+    path = path or paths.config_file()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return Config()
+    except OSError as exc:
+        raise ExecgateError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ExecgateError(f"{path}: invalid TOML: {exc}") from None
+    known = {"import_codex_rules", "gate_escalated", "approval_timeout", "sandbox"}
+    for key in data:
+        if key not in known:
+            raise ExecgateError(f"{path}: unknown key `{key}`")
+    timeout = _check(path, "approval_timeout", data.get("approval_timeout", 300.0), (int, float))
+    if timeout <= 0:
+        raise ExecgateError(f"{path}: `approval_timeout` must be positive")
+    return Config(
+        path=path,
+        import_codex_rules=_check(
+            path, "import_codex_rules", data.get("import_codex_rules", True), bool
+        ),
+        gate_escalated=_check(path, "gate_escalated", data.get("gate_escalated", True), bool),
+        approval_timeout=float(timeout),
+        sandbox=_sandbox(path, _check(path, "sandbox", data.get("sandbox", {}), dict)),
+    )

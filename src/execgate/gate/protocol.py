@@ -1,0 +1,260 @@
+"""The EG1 wire protocol (docs/protocol.md): frames, fields and the typed messages on them.
+
+A frame is a little-endian u32 payload length and a payload of NUL-terminated fields, the first
+being ``EG1`` and the second the message type. Fields are bytes: argv and paths need not be
+UTF-8. Parsing is strict; anything malformed raises :class:`ProtocolError` and the caller closes
+the connection (the client then treats the exec as denied).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+TAG = b"EG1"
+HEADER = struct.Struct("<I")
+MAX_PAYLOAD = 16 << 20
+MAX_FDS = 253
+
+Field = bytes | str | int
+
+
+class ProtocolError(Exception):
+    """A peer sent something that is not a well-formed EG1 message."""
+
+
+def _field(value: Field) -> bytes:
+    if isinstance(value, bytes):
+        field = value
+    elif isinstance(value, str):
+        field = value.encode("utf-8", "surrogateescape")
+    else:
+        field = str(value).encode("ascii")
+    if b"\0" in field:
+        raise ProtocolError("a field cannot contain NUL")
+    return field
+
+
+def encode(kind: str, *fields: Field) -> bytes:
+    """One complete frame (header included) of message ``kind`` with ``fields``."""
+    parts = [TAG, kind.encode("ascii"), *map(_field, fields)]
+    payload = b"\0".join(parts) + b"\0"
+    if len(payload) > MAX_PAYLOAD:
+        raise ProtocolError(f"message too large: {len(payload)}")
+    return HEADER.pack(len(payload)) + payload
+
+
+def encode_fields(kind: str, head: Sequence[Field], counted: Iterable[Sequence[Field]]) -> bytes:
+    """A frame whose tail is one or more counted lists (``N · item…``), e.g. argv and env."""
+    fields: list[Field] = list(head)
+    for items in counted:
+        fields.append(len(items))
+        fields.extend(items)
+    return encode(kind, *fields)
+
+
+def split_payload(payload: bytes) -> list[bytes]:
+    """The fields of a payload after the tag, checked: ``[kind, field…]``."""
+    if not payload.endswith(b"\0"):
+        raise ProtocolError("payload does not end with a NUL")
+    fields = payload[:-1].split(b"\0")
+    if len(fields) < 2 or fields[0] != TAG:
+        raise ProtocolError("not an EG1 message")
+    return fields[1:]
+
+
+def parse_int(field: bytes, what: str) -> int:
+    # int() accepts "+1", " 1", "1_0": the protocol only allows plain decimal.
+    body = field[1:] if field.startswith(b"-") else field
+    if not body.isdigit() or len(field) > 20:
+        raise ProtocolError(f"{what} is not a decimal integer: {field[:40]!r}")
+    return int(field)
+
+
+def _counted(fields: list[bytes], at: int, what: str) -> tuple[tuple[bytes, ...], int]:
+    """Read ``N · item…`` starting at ``fields[at]``; return the items and the next index."""
+    if at >= len(fields):
+        raise ProtocolError(f"missing {what} count")
+    count = parse_int(fields[at], f"{what} count")
+    end = at + 1 + count
+    if count < 0 or end > len(fields):
+        raise ProtocolError(f"{what} count {count} does not match the message")
+    return tuple(fields[at + 1 : end]), end
+
+
+# -- exec decision (client -> server) -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ExecRequest:
+    """A process asking whether it may execute a program (protocol §3)."""
+
+    token: bytes
+    via: str
+    pid: int
+    ppid: int
+    cwd: bytes
+    path: bytes
+    realpath: bytes
+    dev: int
+    ino: int
+    interp: bytes
+    interp_arg: bytes
+    argv: tuple[bytes, ...]
+
+
+_EXEC_FIXED = 13  # kind + 12 fields before argv
+
+
+def parse_exec_request(fields: list[bytes]) -> ExecRequest:
+    if len(fields) < _EXEC_FIXED + 1 or fields[0] != b"exec":
+        raise ProtocolError("malformed exec request")
+    argv, end = _counted(fields, _EXEC_FIXED, "argv")
+    if end != len(fields):
+        raise ProtocolError("trailing fields after argv")
+    return ExecRequest(
+        token=fields[1],
+        via=fields[2].decode("ascii", "replace"),
+        pid=parse_int(fields[3], "pid"),
+        ppid=parse_int(fields[4], "ppid"),
+        cwd=fields[5],
+        path=fields[6],
+        realpath=fields[7],
+        dev=parse_int(fields[8], "dev"),
+        ino=parse_int(fields[9], "ino"),
+        interp=fields[10],
+        interp_arg=fields[11],
+        argv=argv,
+    )
+
+
+def encode_exec_request(req: ExecRequest) -> bytes:
+    head: list[Field] = [
+        req.token, req.via, req.pid, req.ppid, req.cwd, req.path, req.realpath,
+        req.dev, req.ino, req.interp, req.interp_arg,
+    ]  # fmt: skip
+    return encode_fields("exec", head, [req.argv])
+
+
+# -- answers (server -> client) --------------------------------------------------------------
+
+RUN = encode("run")
+
+
+def encode_deny(message: str) -> bytes:
+    return encode("deny", message.replace("\0", "").replace("\n", " "))
+
+
+def encode_escalate(ticket: str) -> bytes:
+    return encode("escalate", ticket)
+
+
+def encode_exit(code: int) -> bytes:
+    return encode("exit", code)
+
+
+def encode_signal(signum: int) -> bytes:
+    return encode("signal", signum)
+
+
+# -- escalation claim (wrapper -> server) ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """The wrapper claiming an escalation ticket with its descriptors and environment (§4)."""
+
+    token: bytes
+    ticket: bytes
+    fd_numbers: tuple[int, ...]
+    env: tuple[bytes, ...]
+
+
+def parse_claim(fields: list[bytes]) -> ClaimRequest:
+    if len(fields) < 4 or fields[0] != b"claim":
+        raise ProtocolError("malformed claim")
+    numbers, at = _counted(fields, 3, "fd")
+    env, end = _counted(fields, at, "env")
+    if end != len(fields):
+        raise ProtocolError("trailing fields after env")
+    fd_numbers = tuple(parse_int(n, "fd number") for n in numbers)
+    if len(fd_numbers) > MAX_FDS or any(n < 0 for n in fd_numbers):
+        raise ProtocolError("bad descriptor numbers")
+    return ClaimRequest(token=fields[1], ticket=fields[2], fd_numbers=fd_numbers, env=env)
+
+
+def encode_claim(claim: ClaimRequest) -> bytes:
+    return encode_fields("claim", [claim.token, claim.ticket], [claim.fd_numbers, claim.env])
+
+
+def parse_signal(fields: list[bytes]) -> int:
+    if len(fields) != 2 or fields[0] != b"signal":
+        raise ProtocolError("malformed signal message")
+    signum = parse_int(fields[1], "signal number")
+    if not 0 < signum < 65:
+        raise ProtocolError(f"bad signal number {signum}")
+    return signum
+
+
+# -- launcher control channel (§7) -----------------------------------------------------------
+
+
+def encode_spawn(
+    spawn_id: int,
+    *,
+    flags: Sequence[str],
+    pgid: int,
+    cwd: bytes,
+    path: bytes,
+    fd_targets: Sequence[int],
+    argv: Sequence[bytes],
+    env: Sequence[bytes],
+) -> bytes:
+    head: list[Field] = [spawn_id, ",".join(flags), pgid, cwd, path]
+    return encode_fields("spawn", head, [list(fd_targets), argv, env])
+
+
+def encode_launcher_signal(spawn_id: int, signum: int) -> bytes:
+    return encode("signal", spawn_id, signum)
+
+
+def encode_shutdown(grace_ms: int) -> bytes:
+    return encode("shutdown", grace_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Spawned:
+    spawn_id: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnFailed:
+    spawn_id: int
+    errno: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    spawn_id: int
+    wait_status: int
+
+
+LauncherEvent = Spawned | SpawnFailed | Exited
+
+
+def parse_launcher_event(fields: list[bytes]) -> LauncherEvent:
+    kind = fields[0]
+    if kind == b"spawned" and len(fields) == 3:
+        return Spawned(parse_int(fields[1], "id"), parse_int(fields[2], "pid"))
+    if kind == b"failed" and len(fields) == 4:
+        return SpawnFailed(
+            parse_int(fields[1], "id"),
+            parse_int(fields[2], "errno"),
+            fields[3].decode("utf-8", "replace"),
+        )
+    if kind == b"exited" and len(fields) == 3:
+        return Exited(parse_int(fields[1], "id"), parse_int(fields[2], "wait status"))
+    raise ProtocolError(f"unknown launcher message {kind[:20]!r}")

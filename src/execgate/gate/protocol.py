@@ -104,13 +104,13 @@ class ExecRequest:
     argv: tuple[bytes, ...]
 
 
-_EXEC_FIXED = 13  # kind + 12 fields before argv
+_ARGC_INDEX = 12  # kind, then 11 fields, then ARGC
 
 
 def parse_exec_request(fields: list[bytes]) -> ExecRequest:
-    if len(fields) < _EXEC_FIXED + 1 or fields[0] != b"exec":
+    if len(fields) <= _ARGC_INDEX or fields[0] != b"exec":
         raise ProtocolError("malformed exec request")
-    argv, end = _counted(fields, _EXEC_FIXED, "argv")
+    argv, end = _counted(fields, _ARGC_INDEX, "argv")
     if end != len(fields):
         raise ProtocolError("trailing fields after argv")
     return ExecRequest(

@@ -1,0 +1,140 @@
+"""``execgate run``: run a command with every exec it (or anything it starts) makes gated."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from execgate.config import load_config
+from execgate.errors import ExecgateError
+from execgate.gate.approvals import UserApprovals
+from execgate.gate.askers import DenyingAsker, TerminalAsker
+from execgate.gate.escalation import Asker, PolicyEscalation
+from execgate.gate.livepolicy import LivePolicy
+from execgate.gate.session import AuditLog, EscalationSession, SessionDenied
+from execgate.policy import load_layered_policy, load_rules_files
+from execgate.sandbox import add_sandbox_arguments, sandbox_from_args
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="run a command with every program execution gated by policy",
+        description=(
+            "Run CMD in this terminal. Every program that CMD, or anything it starts, tries "
+            "to execute is decided by policy first; prompts appear on the terminal."
+        ),
+    )
+    parser.add_argument(
+        "--rules",
+        "-r",
+        action="append",
+        type=Path,
+        metavar="FILE",
+        help="use exactly these rules files instead of the layered policy (repeatable)",
+    )
+    parser.add_argument(
+        "--on-prompt",
+        choices=("ask", "deny"),
+        default="ask",
+        help="what to do when policy says prompt (default: ask on the terminal)",
+    )
+    parser.add_argument(
+        "--audit",
+        type=Path,
+        metavar="FILE",
+        help="append every exec decision to FILE as JSON lines (every exec asks the server)",
+    )
+    add_sandbox_arguments(parser, default_mode="off")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    parser.set_defaults(handler=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ExecgateError("no command given: execgate run [OPTIONS] -- CMD...", exit_status=2)
+    status = asyncio.run(_run(args, command))
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:  # died of a signal: die of the same one, so our caller sees the truth
+        sys.stdout.flush()
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        return 128 - code
+    return code
+
+
+async def _run(args: argparse.Namespace, command: list[str]) -> int:
+    config = load_config()
+    cwd = os.getcwd()
+    search_path = os.environ.get("PATH", os.defpath)
+    if args.rules:
+        live = LivePolicy(load_rules_files(args.rules), search_path=search_path)
+        approvals = UserApprovals.none()
+    else:
+        loaded = load_layered_policy(Path(cwd), config=config)
+        live = LivePolicy(
+            loaded.policy,
+            search_path=search_path,
+            fail_closed_reason=loaded.fail_closed_reason,
+            ask_always=args.audit is not None,
+        )
+        approvals = UserApprovals(loaded)
+    if args.audit is not None:
+        live.ask_always = True
+        live.replace(live.policy, live.fail_closed_reason)
+    asker: Asker
+    if args.on_prompt == "deny":
+        asker = DenyingAsker("prompts are set to deny (--on-prompt deny)")
+    else:
+        asker = TerminalAsker()
+    escalation = PolicyEscalation(
+        lambda: live.policy,
+        aliases=lambda: live.aliases,
+        user_approves=approvals.covers,
+        can_record_always=approvals.can_record,
+    )
+    sandbox = sandbox_from_args(args, config.sandbox, cwd=Path(cwd), default_mode="off")
+    loop = asyncio.get_running_loop()
+    # Like a shell running a foreground job: the terminal's Ctrl-C and Ctrl-\ are for the
+    # command; we outlive them to clean up. SIGTERM/SIGHUP end the whole session.
+    for signum in (signal.SIGINT, signal.SIGQUIT):
+        loop.add_signal_handler(signum, lambda: None)
+    ended = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(signum, ended.set)
+    audit = AuditLog(args.audit) if args.audit else None
+    session = await EscalationSession.open(
+        live=live,
+        escalation=escalation,
+        asker=approvals.recording(asker),
+        sandbox=sandbox,
+        gate_escalated=config.gate_escalated,
+        approval_timeout=config.approval_timeout,
+        audit=audit,
+    )
+    try:
+        try:
+            process = await session.start(
+                command, cwd=cwd, env=os.environ, stdio={0: 0, 1: 1, 2: 2}
+            )
+        except SessionDenied as denied:
+            print(denied.message, file=sys.stderr)
+            return 126 << 8
+        waiting = asyncio.ensure_future(process.wait())
+        stopping = asyncio.ensure_future(ended.wait())
+        await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if waiting.done():
+            stopping.cancel()
+            return waiting.result()
+        waiting.cancel()
+        return signal.SIGTERM  # a wait status: killed by SIGTERM
+    finally:
+        await session.aclose()

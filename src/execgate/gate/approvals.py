@@ -1,0 +1,92 @@
+"""Human answers that outlast one exec: "allow for this run" and "always".
+
+Policy is Codex's: the strictest decision wins, so an ``allow`` rule can never relax a
+``prompt`` in ``execgate check``. An approval is the gate's reading of the user's intent: a
+``prompt`` counts as already answered when an ``allow`` rule in the user's own layer covers
+every rule that asked (a prefix at least as long). Prompts from admin layers (system rules,
+requirements) are never pre-approved and never offer "always".
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from execgate import paths
+from execgate.gate.escalation import Answer, Approval, ApprovalRequest, Asker, Judgement
+from execgate.policy import Decision, LoadedPolicy, RuleMatch, append_allow_rule
+from execgate.policy.layers import default_rules_text
+
+ADMIN_LAYERS = frozenset({"system", "requirements"})
+
+
+class UserApprovals:
+    def __init__(self, loaded: LoadedPolicy | None) -> None:
+        self._layers = {str(s.path): s.layer for s in loaded.sources} if loaded else {}
+        self._enabled = loaded is not None
+        self._defaults_active = (
+            any(s.layer == "default" for s in loaded.sources) if loaded else False
+        )
+
+    @classmethod
+    def none(cls) -> UserApprovals:
+        """No lasting approvals (explicit ``--rules`` files: the user layer is not in play)."""
+        return cls(None)
+
+    def _layer(self, match: RuleMatch) -> str | None:
+        return self._layers.get(match.source.path) if match.source else None
+
+    def _prompts(self, judgement: Judgement) -> list[RuleMatch]:
+        return [m for m in judgement.matches if m.decision == Decision.PROMPT]
+
+    def covers(self, judgement: Judgement) -> bool:
+        if not self._enabled or judgement.decision != Decision.PROMPT:
+            return False
+        prompts = self._prompts(judgement)
+        if any(self._layer(m) in ADMIN_LAYERS for m in prompts):
+            return False
+        allows = [
+            m
+            for m in judgement.matches
+            if m.decision == Decision.ALLOW and self._layer(m) == "user"
+        ]
+        return all(
+            any(len(a.matched_prefix) >= len(p.matched_prefix) for a in allows) for p in prompts
+        )
+
+    def can_record(self, judgement: Judgement) -> bool:
+        return self._enabled and not any(
+            self._layer(m) in ADMIN_LAYERS for m in self._prompts(judgement)
+        )
+
+    def record(self, request: ApprovalRequest, path: Path | None = None) -> None:
+        """Append the approved prefix as an allow rule to the user's rules file.
+
+        While the built-in default policy is in force (no rules of the user's own yet), the
+        first rule written would switch it off, so the file starts as a copy of the default.
+        """
+        path = path or paths.user_default_rules_file()
+        if self._defaults_active:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError), path.open("x", encoding="utf-8") as f:
+                f.write(default_rules_text())
+        append_allow_rule(path, list(request.prefix))
+
+    def recording(self, asker: Asker) -> Asker:
+        """``asker``, with "always" answers recorded in the user's rules file."""
+        return _RecordingAsker(asker, self)
+
+
+class _RecordingAsker:
+    def __init__(self, asker: Asker, approvals: UserApprovals) -> None:
+        self._asker = asker
+        self._approvals = approvals
+
+    async def ask(self, request: ApprovalRequest) -> Approval:
+        approval = await self._asker.ask(request)
+        if approval.answer == Answer.ALLOW_ALWAYS:
+            if request.offer_always:
+                self._approvals.record(request)
+            else:  # an asker offered what it should not have: treat as this run only
+                approval = Approval(Answer.ALLOW_SESSION, approval.reason, approval.by)
+        return approval

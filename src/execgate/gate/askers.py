@@ -1,0 +1,162 @@
+"""Askers that put a ``prompt`` decision to a human: the terminal (``execgate run``).
+
+The MCP front end has its own asker (elicitation); see :mod:`execgate.mcpserver`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import termios
+from pathlib import Path
+
+from execgate.gate.escalation import (
+    Answer,
+    Approval,
+    ApprovalRequest,
+    no_one_to_ask,
+    rule_location,
+)
+from execgate.gate.program import parent_chain
+
+_CHOICES = {
+    "o": Answer.ALLOW_ONCE,
+    "once": Answer.ALLOW_ONCE,
+    "r": Answer.ALLOW_SESSION,
+    "run": Answer.ALLOW_SESSION,
+    "a": Answer.ALLOW_ALWAYS,
+    "always": Answer.ALLOW_ALWAYS,
+    "d": Answer.DENY,
+    "deny": Answer.DENY,
+    "n": Answer.DENY,
+    "": Answer.DENY,
+}
+
+
+class DenyingAsker:
+    """Answers every question with a denial that says why and how to allow the command."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    async def ask(self, request: ApprovalRequest) -> Approval:
+        return no_one_to_ask(request, self.why)
+
+
+def describe(request: ApprovalRequest) -> list[str]:
+    """The lines a human sees: command, program, cwd, process chain, the rules that ask."""
+    exec_ = request.exec
+    chain = " ← ".join(f"{comm} ({pid})" for pid, comm in parent_chain(exec_.pid, depth=4))
+    lines = [
+        f"execgate: `{exec_.display()}` requires approval"
+        + (f": {j}" if (j := request.judgement.justification()) else ""),
+        f"  program: {exec_.realpath or exec_.path}",
+        f"  cwd:     {exec_.cwd}",
+        f"  process: {chain or exec_.pid}",
+    ]
+    for match in request.judgement.deciding_matches():
+        prefix = " ".join(match.matched_prefix)
+        lines.append(f"  rule:    {rule_location(match)} (prefix `{prefix}`)")
+    return lines
+
+
+class TerminalAsker:
+    """Asks on the controlling terminal, one question at a time.
+
+    While a gated exec waits for the answer, execgate briefly takes the terminal's foreground
+    (an interactive shell may own it) and gives it back afterwards.
+    """
+
+    def __init__(self, tty: Path = Path("/dev/tty")) -> None:
+        self._tty = tty
+        self._lock = asyncio.Lock()
+
+    async def ask(self, request: ApprovalRequest) -> Approval:
+        async with self._lock:
+            try:
+                fd = os.open(self._tty, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+            except OSError:
+                return no_one_to_ask(request, "there is no terminal to ask")
+            try:
+                return await self._ask_on(fd, request)
+            finally:
+                os.close(fd)
+
+    async def _ask_on(self, fd: int, request: ApprovalRequest) -> Approval:
+        previous = _take_foreground(fd)
+        try:
+            termios.tcflush(fd, termios.TCIFLUSH)  # typed-ahead input is not an answer
+            always = ", [a]lways" if request.offer_always else ""
+            text = "\n".join(describe(request))
+            question = f"Allow? [o]nce, for this [r]un{always}, [d]eny (default deny): "
+            os.write(fd, f"\n{text}\n{question}".encode())
+            line = await _read_line(fd)
+        finally:
+            _give_back_foreground(fd, previous)
+        if line is None:
+            return no_one_to_ask(request, "the terminal closed")
+        answer = _CHOICES.get(line.strip().lower())
+        if answer is None or (answer == Answer.ALLOW_ALWAYS and not request.offer_always):
+            answer = Answer.DENY
+        reason = None if answer != Answer.DENY else "declined at the terminal"
+        return Approval(answer, reason=reason, by="terminal")
+
+
+async def _read_line(fd: int) -> str | None:
+    """One line from a terminal without blocking the event loop (canonical mode)."""
+    loop = asyncio.get_running_loop()
+    os.set_blocking(fd, False)
+    data = bytearray()
+    try:
+        while not data.endswith(b"\n"):
+            waiter = loop.create_future()
+            loop.add_reader(fd, waiter.set_result, None)
+            try:
+                await waiter
+            finally:
+                loop.remove_reader(fd)
+            try:
+                chunk = os.read(fd, 1024)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return None
+            if not chunk:
+                return None if not data else data.decode(errors="replace")
+            data += chunk
+        return data.decode(errors="replace")
+    finally:
+        with contextlib.suppress(OSError):
+            os.set_blocking(fd, True)
+
+
+def _take_foreground(fd: int) -> int | None:
+    """Make our process group the terminal's foreground; return the previous one."""
+    try:
+        current = os.tcgetpgrp(fd)
+    except OSError:
+        return None
+    ours = os.getpgrp()
+    if current == ours:
+        return None
+    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(fd, ours)
+    except OSError:
+        return None
+    finally:
+        signal.signal(signal.SIGTTOU, previous)
+    return current
+
+
+def _give_back_foreground(fd: int, previous: int | None) -> None:
+    if previous is None:
+        return
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(fd, previous)
+    finally:
+        signal.signal(signal.SIGTTOU, old)

@@ -1,0 +1,232 @@
+"""From policy decision to action: run here, escalate, deny, or ask a human first.
+
+:class:`EscalationPolicy` is the small interface the session calls for every exec that reaches
+the server. :class:`PolicyEscalation` is the default mapping (``allow`` → escalate, ``prompt`` →
+ask, ``forbidden`` → deny, no match → run). An :class:`Asker` answers ``ask`` actions: the
+terminal for ``execgate run``, MCP elicitation for ``execgate mcp``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+from execgate.gate.program import GatedExec, commands_to_judge
+from execgate.policy import Decision, Evaluation, Policy, RuleMatch
+
+
+class Verdict(Enum):
+    RUN = "run"  # exec in place (inside the sandbox, if any)
+    ESCALATE = "escalate"  # the session spawns it outside the sandbox
+    DENY = "deny"
+    ASK = "ask"  # a human decides; then RUN/ESCALATE or DENY
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """Policy's verdict on one exec: the strictest decision over every command it amounts to."""
+
+    decision: Decision | None
+    command: list[str]  # the command that decided (for messages)
+    evaluation: Evaluation | None
+
+    @property
+    def matches(self) -> list[RuleMatch]:
+        return self.evaluation.matches if self.evaluation else []
+
+    def deciding_matches(self) -> list[RuleMatch]:
+        """The matches whose decision is the overall one."""
+        return [m for m in self.matches if m.decision == self.decision]
+
+    def justification(self) -> str | None:
+        """Justification of the longest deciding match (as Codex picks it)."""
+        best: RuleMatch | None = None
+        for match in self.deciding_matches():
+            if match.justification and (
+                best is None or len(match.matched_prefix) > len(best.matched_prefix)
+            ):
+                best = match
+        return best.justification if best else None
+
+    def rule_locations(self) -> str:
+        return ", ".join(dict.fromkeys(rule_location(m) for m in self.deciding_matches()))
+
+
+def rule_location(match: RuleMatch) -> str:
+    """``file:line`` of the rule behind a match (``built-in`` for rules without a file)."""
+    source = match.source
+    return f"{source.path}:{source.line}" if source else "built-in"
+
+
+def judge(
+    policy: Policy, exec_: GatedExec, aliases: dict[tuple[int, int], tuple[str, ...]]
+) -> Judgement:
+    best = Judgement(decision=None, command=[exec_.path, *exec_.argv[1:]], evaluation=None)
+    for command in commands_to_judge(exec_, aliases=aliases):
+        evaluation = policy.evaluate(command, cwd=exec_.cwd, resolve_host_executables=True)
+        if evaluation.decision is not None and (
+            best.decision is None or evaluation.decision > best.decision
+        ):
+            best = Judgement(evaluation.decision, command, evaluation)
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """What a human is asked to approve."""
+
+    id: str
+    exec: GatedExec
+    judgement: Judgement
+    # The prefix an "allow for this session" / "always" answer would approve.
+    prefix: tuple[str, ...]
+    offer_always: bool
+
+    def summary(self) -> str:
+        why = self.judgement.justification() or "requires approval by policy"
+        return f"{self.exec.display()}: {why}"
+
+
+class Answer(Enum):
+    ALLOW_ONCE = "once"
+    ALLOW_SESSION = "session"
+    ALLOW_ALWAYS = "always"
+    DENY = "deny"
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    answer: Answer
+    reason: str | None = None  # the human's optional words (audit log, denial message)
+    by: str = "user"
+
+
+class Asker(Protocol):
+    """Puts an approval request to a human. Must not raise for an unanswerable question:
+    return a denial whose reason says why (no terminal, client cannot elicit, timeout)."""
+
+    async def ask(self, request: ApprovalRequest) -> Approval: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    verdict: Verdict
+    reason: str = ""  # deny: the text after "execgate: denied: <cmd>: "
+    approval: ApprovalRequest | None = None  # ask: the question
+
+
+class EscalationPolicy(Protocol):
+    def decide(self, exec_: GatedExec, *, confined: bool) -> Action:
+        """Decide one exec. ``confined``: the caller runs inside the session's sandbox."""
+        ...
+
+    def resolve(self, request: ApprovalRequest, approval: Approval, *, confined: bool) -> Action:
+        """Turn a human's answer into the final action."""
+        ...
+
+
+@dataclass
+class SessionApprovals:
+    """Prefixes a human allowed for the rest of this session."""
+
+    prefixes: set[tuple[str, ...]] = field(default_factory=set)
+
+    def covers(self, judgement: Judgement) -> bool:
+        deciding = judgement.deciding_matches()
+        return bool(deciding) and all(tuple(m.matched_prefix) in self.prefixes for m in deciding)
+
+
+_ids = itertools.count(1)
+
+
+class PolicyEscalation:
+    """The default :class:`EscalationPolicy`.
+
+    ``policy`` is read on every decision, so a reload takes effect at once. ``user_approves``
+    says whether an ``allow`` rule the user recorded ("always") covers a prompt (see
+    docs/policy.md, "Approvals"); prompts from admin layers are never pre-approved.
+    """
+
+    def __init__(
+        self,
+        policy: Callable[[], Policy],
+        *,
+        aliases: Callable[[], dict[tuple[int, int], tuple[str, ...]]] = dict,
+        user_approves: Callable[[Judgement], bool] = lambda _: False,
+        can_record_always: Callable[[Judgement], bool] = lambda _: True,
+        on_prompt_deny: bool = False,
+    ) -> None:
+        self._policy = policy
+        self._aliases = aliases
+        self._user_approves = user_approves
+        self._can_record_always = can_record_always
+        self._on_prompt_deny = on_prompt_deny
+        self.approvals = SessionApprovals()
+
+    @staticmethod
+    def _allowed(confined: bool) -> Action:
+        # Outside the sandbox already (or no sandbox): running in place is escalation enough.
+        return Action(Verdict.ESCALATE if confined else Verdict.RUN)
+
+    def decide(self, exec_: GatedExec, *, confined: bool) -> Action:
+        judgement = judge(self._policy(), exec_, self._aliases())
+        if judgement.decision is None:
+            return Action(Verdict.RUN)
+        if judgement.decision == Decision.FORBIDDEN:
+            why = judgement.justification() or "forbidden by policy"
+            return Action(Verdict.DENY, f"{why} (rule {judgement.rule_locations()})")
+        if judgement.decision == Decision.ALLOW:
+            return self._allowed(confined)
+        # PROMPT
+        if self.approvals.covers(judgement) or self._user_approves(judgement):
+            return self._allowed(confined)
+        prefix = _approval_prefix(judgement)
+        request = ApprovalRequest(
+            id=f"{next(_ids)}",
+            exec=exec_,
+            judgement=judgement,
+            prefix=prefix,
+            offer_always=self._can_record_always(judgement),
+        )
+        if self._on_prompt_deny:
+            return Action(Verdict.DENY, _needs_approval(request, "prompts are set to deny"))
+        return Action(Verdict.ASK, approval=request)
+
+    def resolve(self, request: ApprovalRequest, approval: Approval, *, confined: bool) -> Action:
+        if approval.answer == Answer.DENY:
+            reason = approval.reason or "declined by the user"
+            return Action(Verdict.DENY, reason)
+        if approval.answer in (Answer.ALLOW_SESSION, Answer.ALLOW_ALWAYS):
+            self.approvals.prefixes.update(
+                tuple(m.matched_prefix) for m in request.judgement.deciding_matches()
+            )
+        return self._allowed(confined)
+
+
+def _approval_prefix(judgement: Judgement) -> tuple[str, ...]:
+    """The prefix to approve: the longest prefix among the rules that asked."""
+    deciding = judgement.deciding_matches()
+    longest: Sequence[str] = max((m.matched_prefix for m in deciding), key=len, default=())
+    return tuple(longest) or tuple(judgement.command[:1])
+
+
+def _needs_approval(request: ApprovalRequest, why_not_asked: str) -> str:
+    justification = request.judgement.justification() or "requires approval by policy"
+    return f"{justification}; {why_not_asked}"
+
+
+def no_one_to_ask(request: ApprovalRequest, why: str) -> Approval:
+    """A denial for a prompt nobody can answer, saying how to allow the command."""
+    pattern = ", ".join(f'"{t}"' for t in request.prefix)
+    return Approval(
+        Answer.DENY,
+        reason=(
+            f"{_needs_approval(request, why)}; to allow it, add "
+            f'prefix_rule(pattern=[{pattern}], decision="allow") to your rules '
+            "(execgate rules explain shows the rule that asks)"
+        ),
+        by="execgate",
+    )

@@ -1,0 +1,176 @@
+"""What an exec really runs, as the commands policy must judge.
+
+An exec request names a file. Policy rules name programs. One file answers to several names
+(``/usr/bin/rm``, ``/bin/rm`` via a symlinked ``/bin``, ``./rm``, a symlink ``myrm``, a hard link
+``gone``), and some execs run another program than the file they name: a ``#!`` script runs its
+interpreter, and the dynamic loader (``ld-linux-x86-64.so.2 /usr/bin/rm``) loads its argument
+without any further exec the interposer could see. This module turns a request into every
+command policy must judge; the gate then takes the strictest decision over all of them.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from execgate.gate.protocol import ExecRequest
+
+# glibc's dynamic loader names (any architecture).
+_LOADER = re.compile(r"^ld(-linux)?([-.][\w.-]*)?\.so(\.\d+)*$|^ld\.so$")
+# ld.so options that take a value (ld.so --help, glibc 2.36).
+_LOADER_VALUE_OPTIONS = {
+    "--library-path", "--inhibit-rpath", "--audit", "--preload", "--argv0",
+    "--glibc-hwcaps-prepend", "--glibc-hwcaps-mask",
+}  # fmt: skip
+_LOADER_FLAG_OPTIONS = {
+    "--inhibit-cache",
+    "--verify",
+    "--list",
+    "--list-tunables",
+    "--list-diagnostics",
+}
+
+
+def is_loader(path: str) -> bool:
+    return bool(_LOADER.match(posixpath.basename(path)))
+
+
+@dataclass(frozen=True, slots=True)
+class GatedExec:
+    """One exec request, decoded for policy (paths and argv as ``str`` via ``os.fsdecode``)."""
+
+    path: str  # absolute, as the kernel gets it
+    realpath: str  # canonical, or "" when unknown
+    dev: int
+    ino: int
+    argv: tuple[str, ...]
+    cwd: str
+    interp: str
+    interp_arg: str
+    pid: int
+    ppid: int
+    via: str
+
+    @classmethod
+    def from_request(cls, req: ExecRequest) -> GatedExec:
+        return cls(
+            path=os.fsdecode(req.path),
+            realpath=os.fsdecode(req.realpath),
+            dev=req.dev,
+            ino=req.ino,
+            argv=tuple(map(os.fsdecode, req.argv)),
+            cwd=os.fsdecode(req.cwd),
+            interp=os.fsdecode(req.interp),
+            interp_arg=os.fsdecode(req.interp_arg),
+            pid=req.pid,
+            ppid=req.ppid,
+            via=req.via,
+        )
+
+    def display(self) -> str:
+        """The command as a person would recognise it (for messages)."""
+        words = [self.argv[0] if self.argv and self.argv[0] else self.path, *self.argv[1:]]
+        return _join(words)
+
+
+def _join(words: list[str]) -> str:
+    import shlex
+
+    return " ".join(shlex.quote(w) if w else "''" for w in words)
+
+
+def _names(path: str, realpath: str) -> list[str]:
+    """The program tokens policy matches an exec of ``path`` by: the path as executed and the
+    canonical path (policy's host-executable resolution then also tries their basenames)."""
+    names = [path]
+    if realpath and realpath != path:
+        names.append(realpath)
+    return names
+
+
+def _loader_target(argv: tuple[str, ...]) -> tuple[str, list[str]] | None:
+    """For ``ld.so [options] PROGRAM ARGS…`` return (PROGRAM, ARGS); None for ``ld.so --help``
+    and the like, which run no program."""
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg in _LOADER_VALUE_OPTIONS:
+            i += 2
+            continue
+        if arg in _LOADER_FLAG_OPTIONS or arg.startswith("--"):
+            i += 1
+            continue
+        break
+    if i >= len(argv):
+        return None
+    return argv[i], list(argv[i + 1 :])
+
+
+def _resolve(program: str, cwd: str, search_path: str) -> str:
+    if "/" in program:
+        return posixpath.normpath(posixpath.join(cwd, program))
+    for directory in search_path.split(":"):
+        candidate = posixpath.join(directory or ".", program)
+        if os.access(candidate, os.X_OK) and os.path.isfile(candidate):
+            return posixpath.normpath(posixpath.join(cwd, candidate))
+    return program
+
+
+def commands_to_judge(
+    exec_: GatedExec,
+    *,
+    aliases: Mapping[tuple[int, int], tuple[str, ...]] = {},
+    search_path: str = "/usr/local/bin:/usr/bin:/bin",
+) -> list[list[str]]:
+    """Every command whose policy decision applies to this exec, most literal first.
+
+    ``aliases`` maps a file identity ``(dev, ino)`` to the program names rules use for it, so a
+    hard link under another name is judged as the program it is.
+    """
+    rest = list(exec_.argv[1:])
+    commands = [[name, *rest] for name in _names(exec_.path, exec_.realpath)]
+    for alias in aliases.get((exec_.dev, exec_.ino), ()):
+        commands.append([alias, *rest])
+    if exec_.interp:
+        # What the kernel really runs: INTERP [ARG] SCRIPT ARGS…
+        interp = [exec_.interp, *([exec_.interp_arg] if exec_.interp_arg else [])]
+        commands.append([*interp, exec_.path, *rest])
+    if is_loader(exec_.realpath or exec_.path):
+        target = _loader_target(exec_.argv)
+        if target is not None:
+            program, args = target
+            resolved = _resolve(program, exec_.cwd, search_path)
+            real = os.path.realpath(resolved) if resolved.startswith("/") else ""
+            commands.extend([name, *args] for name in _names(resolved, real))
+            try:
+                st = os.stat(resolved)
+            except OSError:
+                pass
+            else:
+                for alias in aliases.get((st.st_dev, st.st_ino), ()):
+                    commands.append([alias, *args])
+    return commands
+
+
+def parent_chain(pid: int, *, depth: int = 8) -> list[tuple[int, str]]:
+    """``[(pid, comm), (ppid, comm), …]`` from ``/proc``, up to ``depth`` processes."""
+    chain: list[tuple[int, str]] = []
+    while pid > 0 and len(chain) < depth:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            break
+        # comm is in parentheses and may itself contain ") ": split at the last one.
+        open_paren, close_paren = stat.find(b"("), stat.rfind(b")")
+        comm = stat[open_paren + 1 : close_paren].decode(errors="replace")
+        chain.append((pid, comm))
+        fields = stat[close_paren + 2 :].split()
+        pid = int(fields[1]) if len(fields) > 1 else 0
+    return chain

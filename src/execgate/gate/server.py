@@ -1,0 +1,229 @@
+"""The gate socket: accept a connection per exec, read its request, answer.
+
+This is the per-exec hot path on the Python side, so it stays off asyncio's stream machinery:
+the listening socket is watched with ``add_reader``; each accepted connection is read once with
+``recvmsg`` (a request is one small frame, already sent by the time we accept) and answered
+synchronously when the decision needs no human. Only big requests, claims (which last as long
+as the escalated program) and questions to a human become tasks.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import struct
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Protocol
+
+from execgate.gate.channel import Channel
+from execgate.gate.protocol import (
+    HEADER,
+    MAX_FDS,
+    MAX_PAYLOAD,
+    ExecRequest,
+    ProtocolError,
+    parse_exec_request,
+    split_payload,
+)
+
+log = logging.getLogger("execgate.gate")
+
+_FIRST_READ = 65536
+_ANCILLARY = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+_PEERCRED = struct.Struct("3i")
+
+Answer = bytes | Awaitable[bytes]
+
+
+class Peer:
+    """Who is on the other end of a gate connection (from ``SO_PEERCRED``)."""
+
+    __slots__ = ("gid", "pid", "uid")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.pid, self.uid, self.gid = _PEERCRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        )
+
+
+class RequestHandler(Protocol):
+    def answer_exec(self, request: ExecRequest, peer: Peer) -> Answer:
+        """The framed answer to an exec request, or an awaitable of it (a human is asked)."""
+        ...
+
+    async def serve_claim(
+        self, channel: Channel, fields: list[bytes], fds: list[int], peer: Peer
+    ) -> None:
+        """Own a claim connection until the escalated program ends (closes ``fds``)."""
+        ...
+
+
+class GateServer:
+    def __init__(self, path: Path, handler: RequestHandler) -> None:
+        self.path = path
+        self._handler = handler
+        self._uid = os.geteuid()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(os.fspath(path))
+        # Connectable from inside the sandbox by the same user only (the folder is 0700).
+        os.chmod(path, 0o600)
+        self._listener.listen(socket.SOMAXCONN)
+        self._listener.setblocking(False)
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._listener.fileno(), self._on_readable)
+
+    async def aclose(self) -> None:
+        if self._listener.fileno() >= 0:
+            self._loop.remove_reader(self._listener.fileno())
+            self._listener.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.path.unlink(missing_ok=True)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_readable(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:  # EMFILE and friends: the client's connect still failed closed
+                log.error("gate: accept failed: %s", exc)
+                return
+            try:
+                self._serve(conn)
+            except Exception:  # never let one connection take the server down
+                log.exception("gate: request failed")
+                conn.close()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.setblocking(False)
+        peer = Peer(conn)
+        if peer.uid not in (self._uid, 0):
+            log.warning("gate: refused a connection from uid %d (pid %d)", peer.uid, peer.pid)
+            conn.close()
+            return
+        try:
+            data, ancdata, flags, _ = conn.recvmsg(_FIRST_READ, _ANCILLARY)
+        except BlockingIOError:
+            data, ancdata, flags = b"", [], 0
+        fds = _fds_of(ancdata)
+        if flags & socket.MSG_CTRUNC:
+            _close_all(fds)
+            conn.close()
+            return
+        if len(data) >= HEADER.size:
+            (length,) = HEADER.unpack_from(data)
+            if HEADER.size + length <= len(data) and 0 < length <= MAX_PAYLOAD:
+                frame_end = HEADER.size + length
+                self._dispatch(conn, data[HEADER.size : frame_end], data[frame_end:], fds, peer)
+                return
+        self._spawn(self._serve_slowly(conn, data, fds, peer))
+
+    async def _serve_slowly(
+        self, conn: socket.socket, data: bytes, fds: list[int], peer: Peer
+    ) -> None:
+        """A request that did not arrive in one read (big argv, slow client)."""
+        buffer = bytearray(data)
+        try:
+            while True:
+                if len(buffer) >= HEADER.size:
+                    (length,) = HEADER.unpack_from(buffer)
+                    if not 0 < length <= MAX_PAYLOAD:
+                        raise ProtocolError(f"bad frame length {length}")
+                    if len(buffer) >= HEADER.size + length:
+                        break
+                await _readable(self._loop, conn)
+                try:
+                    chunk, ancdata, flags, _ = conn.recvmsg(1 << 20, _ANCILLARY)
+                except BlockingIOError:
+                    continue
+                fds += _fds_of(ancdata)
+                if flags & socket.MSG_CTRUNC or not chunk:
+                    raise ProtocolError("connection closed mid-frame")
+                buffer += chunk
+        except (OSError, ProtocolError):
+            _close_all(fds)
+            conn.close()
+            return
+        frame_end = HEADER.size + length
+        self._dispatch(
+            conn, bytes(buffer[HEADER.size : frame_end]), bytes(buffer[frame_end:]), fds, peer
+        )
+
+    def _dispatch(
+        self, conn: socket.socket, payload: bytes, rest: bytes, fds: list[int], peer: Peer
+    ) -> None:
+        try:
+            fields = split_payload(payload)
+            kind = fields[0]
+            if kind == b"exec":
+                if fds:
+                    raise ProtocolError("unexpected descriptors with an exec request")
+                answer = self._handler.answer_exec(parse_exec_request(fields), peer)
+                if isinstance(answer, bytes):
+                    _send_and_close(conn, answer)
+                else:
+                    self._spawn(self._answer_later(conn, answer))
+            elif kind == b"claim":
+                channel = Channel(conn, buffered=rest)
+                self._spawn(self._handler.serve_claim(channel, fields, fds, peer))
+            else:
+                raise ProtocolError(f"unknown message {kind[:20]!r}")
+        except ProtocolError as exc:
+            log.warning("gate: malformed request from pid %d: %s", peer.pid, exc)
+            _close_all(fds)
+            conn.close()
+
+    async def _answer_later(self, conn: socket.socket, answer: Awaitable[bytes]) -> None:
+        try:
+            frame = await answer
+            await self._loop.sock_sendall(conn, frame)
+        except OSError:
+            pass  # the asking process is gone
+        finally:
+            conn.close()
+
+
+def _send_and_close(conn: socket.socket, frame: bytes) -> None:
+    with contextlib.suppress(OSError):
+        conn.send(frame)  # small, into an empty socket buffer: never blocks
+    conn.close()
+
+
+def _fds_of(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            got = array.array("i")
+            got.frombytes(payload[: len(payload) - len(payload) % got.itemsize])
+            fds.extend(got)
+    for fd in fds:
+        os.set_inheritable(fd, False)
+    return fds
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+    waiter = loop.create_future()
+    loop.add_reader(conn.fileno(), waiter.set_result, None)
+    try:
+        await waiter
+    finally:
+        loop.remove_reader(conn.fileno())

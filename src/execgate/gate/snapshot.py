@@ -1,0 +1,136 @@
+"""The policy snapshot: which programs the interposer must ask about (docs/protocol.md §6).
+
+Most execs run programs no rule names; their answer is always ``run``. The snapshot lists the
+names (as 64-bit FNV-1a hashes) and file identities ``(dev, ino)`` that some rule could match,
+so the interposer asks the server only about those. Building it also yields the alias table the
+server uses to judge a hard link under another name as the program it is.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import struct
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAGIC = b"EGSNAP1\0"
+ASK_ALWAYS = 1
+_HEADER = struct.Struct("<8sIIIIQQ24x")
+assert _HEADER.size == 64
+
+_FNV_OFFSET = 0xCBF29CE484222325
+_FNV_PRIME = 0x100000001B3
+_MASK = (1 << 64) - 1
+
+# Where programs usually live, searched in addition to the session's PATH when looking for the
+# files a bare rule name stands for.
+STANDARD_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+# The dynamic loader runs its argument without an exec the interposer could see: always ask.
+LOADERS = ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1", "/lib/ld-linux.so.2")
+
+
+def fnv1a64(data: bytes) -> int:
+    h = _FNV_OFFSET
+    for byte in data:
+        h = ((h ^ byte) * _FNV_PRIME) & _MASK
+    return h
+
+
+FileId = tuple[int, int]
+
+
+@dataclass
+class Snapshot:
+    names: set[bytes] = field(default_factory=set)
+    files: set[FileId] = field(default_factory=set)
+    # (dev, ino) -> the rule names that file answers to
+    aliases: dict[FileId, tuple[str, ...]] = field(default_factory=dict)
+
+    def encode(self, *, ask_always: bool = False) -> bytes:
+        hashes = sorted({fnv1a64(name) for name in self.names})
+        files = sorted(self.files)
+        names_offset = _HEADER.size
+        files_offset = names_offset + 8 * len(hashes)
+        header = _HEADER.pack(
+            MAGIC,
+            ASK_ALWAYS if ask_always else 0,
+            len(hashes),
+            len(files),
+            0,
+            names_offset,
+            files_offset,
+        )
+        body = struct.pack(f"<{len(hashes)}Q", *hashes)
+        body += b"".join(struct.pack("<QQ", dev, ino) for dev, ino in files)
+        return header + body
+
+
+def _stat_id(path: str) -> FileId | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def build_snapshot(
+    first_tokens: Iterable[str],
+    host_executables: dict[str, tuple[str, ...]],
+    *,
+    search_path: str,
+) -> Snapshot:
+    """The snapshot for a policy keyed by ``first_tokens``.
+
+    Bare names are looked up in ``search_path`` and the standard program folders; every file
+    found is recorded by identity so hard links and renamed paths still ask.
+    """
+    snapshot = Snapshot()
+    dirs = list(dict.fromkeys([d for d in search_path.split(":") if d.startswith("/")]))
+    dirs += [d for d in STANDARD_DIRS if d not in dirs]
+    aliases: dict[FileId, set[str]] = {}
+
+    def record(path: str, name: str) -> None:
+        file_id = _stat_id(path)
+        if file_id is not None:
+            snapshot.files.add(file_id)
+            aliases.setdefault(file_id, set()).add(name)
+
+    for token in first_tokens:
+        snapshot.names.add(os.fsencode(token))
+        if "/" in token:
+            record(token, token)
+        else:
+            for directory in dirs:
+                record(posixpath.join(directory, token), token)
+    for name, paths in host_executables.items():
+        snapshot.names.add(os.fsencode(name))
+        for path in paths:
+            snapshot.names.add(os.fsencode(path))
+            record(path, name)
+    for loader in LOADERS:
+        real = os.path.realpath(loader)
+        if os.path.exists(real):
+            for path in (loader, real):
+                snapshot.names.add(os.fsencode(path))
+                snapshot.names.add(os.fsencode(posixpath.basename(path)))
+            file_id = _stat_id(real)
+            if file_id is not None:
+                snapshot.files.add(file_id)
+    snapshot.aliases = {k: tuple(sorted(v)) for k, v in aliases.items()}
+    return snapshot
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so a reader sees the old or the new file, never a part."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".snap-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,107 @@
+"""EG1 messages: what goes on the wire parses back to the same thing; bad input is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from execgate.gate import protocol
+from execgate.gate.channel import Channel, ChannelClosed
+from execgate.gate.protocol import ExecRequest, ProtocolError
+
+field_bytes = st.binary(max_size=40).filter(lambda b: b"\0" not in b)
+
+
+def payload_of(frame: bytes) -> list[bytes]:
+    (length,) = protocol.HEADER.unpack_from(frame)
+    assert len(frame) == protocol.HEADER.size + length
+    return protocol.split_payload(frame[protocol.HEADER.size :])
+
+
+@given(
+    argv=st.lists(field_bytes, max_size=8),
+    path=field_bytes,
+    cwd=field_bytes,
+    dev=st.integers(0, 2**64 - 1),
+    ino=st.integers(0, 2**64 - 1),
+)
+def test_exec_request_round_trips_with_empty_and_non_utf8_fields(argv, path, cwd, dev, ino):
+    request = ExecRequest(
+        token=b"ab" * 16, via="execve", pid=12, ppid=1, cwd=cwd, path=path, realpath=b"",
+        dev=dev, ino=ino, interp=b"", interp_arg=b"", argv=tuple(argv),
+    )  # fmt: skip
+    frame = protocol.encode_exec_request(request)
+    assert protocol.parse_exec_request(payload_of(frame)) == request
+
+
+@given(env=st.lists(field_bytes, max_size=6), fds=st.lists(st.integers(0, 1000), max_size=5))
+def test_claim_round_trips(env, fds):
+    claim = protocol.ClaimRequest(token=b"t", ticket=b"k", fd_numbers=tuple(fds), env=tuple(env))
+    assert protocol.parse_claim(payload_of(protocol.encode_claim(claim))) == claim
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b"EG1",  # no trailing NUL
+        b"EG2\0run\0",
+        b"EG1\0",
+        b"EG1\0exec\0tok\0",
+        b"EG1\0claim\0t\0k\0+1\0\0",  # "+1" is not plain decimal
+    ],
+)
+def test_malformed_payloads_are_refused(payload):
+    with pytest.raises(ProtocolError):
+        fields = protocol.split_payload(payload)
+        if fields[0] == b"exec":
+            protocol.parse_exec_request(fields)
+        elif fields[0] == b"claim":
+            protocol.parse_claim(fields)
+        else:
+            raise ProtocolError("not a request")
+
+
+def test_argv_count_must_match():
+    frame = protocol.encode_exec_request(
+        ExecRequest(b"t", "execve", 1, 1, b"/", b"/bin/true", b"", 1, 1, b"", b"", (b"true",))
+    )
+    fields = payload_of(frame)
+    fields[12] = b"2"  # ARGC
+    with pytest.raises(ProtocolError):
+        protocol.parse_exec_request(fields)
+
+
+def test_signal_numbers_are_checked():
+    assert protocol.parse_signal([b"signal", b"15"]) == 15
+    for bad in (b"0", b"99", b"-3", b"x"):
+        with pytest.raises(ProtocolError):
+            protocol.parse_signal([b"signal", bad])
+
+
+def test_channel_carries_frames_and_descriptors_across_a_real_socket():
+    async def main() -> None:
+        left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        a, b = Channel(left), Channel(right)
+        read_end, write_end = os.pipe()
+        big = b"x" * 300_000  # bigger than a socket buffer: sent in several pieces
+        sender = asyncio.ensure_future(a.send(protocol.encode("claim", big), [write_end]))
+        fields, fds = await b.recv()
+        await sender
+        assert fields == [b"claim", big]
+        assert len(fds) == 1
+        os.write(fds[0], b"through the passed descriptor")
+        assert os.read(read_end, 100) == b"through the passed descriptor"
+        for fd in (*fds, read_end, write_end):
+            os.close(fd)
+        a.close()
+        with pytest.raises(ChannelClosed):
+            await b.recv()
+        b.close()
+
+    asyncio.run(main())

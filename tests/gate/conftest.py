@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -93,9 +94,7 @@ def marker_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = build / "marker"
     marker_dir = build / "traces"
     marker_dir.mkdir()
-    subprocess.run(
-        ["cc", "-O1", f'-DMARKER_DIR="{marker_dir}"', "-o", out, source], check=True
-    )
+    subprocess.run(["cc", "-O1", f'-DMARKER_DIR="{marker_dir}"', "-o", out, source], check=True)
     return out
 
 
@@ -136,8 +135,5 @@ def gate(tmp_path: Path, marker_binary: Path) -> Iterator[Gate]:
     yield g
     for line in g.leftovers():
         pid = int(line.split()[0])
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
-

@@ -56,7 +56,9 @@ BYPASS_ATTEMPTS = {
     "marker as shebang interpreter": "printf '#!'$BIN'/marker\\n' > s.sh; chmod +x s.sh; ./s.sh",
     "make recipe": "printf 'all:\\n\\tmarker\\n' > Makefile; make -s",
     "python subprocess": f"{PY} -c 'import subprocess; subprocess.run([\"marker\"])'",
-    "python subprocess shell": f"{PY} -c 'import subprocess; subprocess.run(\"marker\", shell=True)'",
+    "python subprocess shell": (
+        f"{PY} -c 'import subprocess; subprocess.run(\"marker\", shell=True)'"
+    ),
     "python os.system": f"{PY} -c 'import os; os.system(\"marker\")'",
     "python os.execv": f"{PY} -c 'import os; os.execv(\"'$BIN'/marker\", [\"marker\"])'",
     "python posix_spawn": (
@@ -97,12 +99,11 @@ def test_denied_exec_fails_like_a_permission_error(gate: Gate) -> None:
     result = gate.run("marker; echo bash=$?; dash -c marker; echo dash=$?")
     assert b"bash=126\n" in result.stdout
     assert b"dash=126\n" in result.stdout
-    denials = [
-        line for line in result.stderr.splitlines() if line.startswith(b"execgate: denied:")
-    ]
-    assert denials == [
-        b"execgate: denied: marker: marker must not run (rule %s:1)" % bytes(gate.rules)
-    ] * 2
+    denials = [line for line in result.stderr.splitlines() if line.startswith(b"execgate: denied:")]
+    assert (
+        denials
+        == [b"execgate: denied: marker: marker must not run (rule %s:1)" % bytes(gate.rules)] * 2
+    )
     assert not gate.ran()
 
 

@@ -1,0 +1,105 @@
+"""Per-exec cost of gating, as ratios against plain bash measured in the same run.
+
+A bash loop of ``/bin/true`` is timed inside bash (``$EPOCHREALTIME``) so start-up does not
+count; configurations are interleaved round-robin and the median of the rounds is reported.
+
+    python bench/exec_overhead.py [--execs 2000] [--rounds 7]
+
+Configurations:
+  plain                 bash, no execgate
+  run (snapshot)        execgate run, `true` named by no rule: decided in the process
+  run (round trip)      a rule names `true` but does not match: every exec asks the server
+  run, workspace-write  as "run (snapshot)", inside the workspace-write sandbox
+  escalate              `true` allowed, in workspace-write: every exec is escalated
+Targets (issue #3): run <= 1.25x plain, escalate <= 2x plain. Codex's shell-tool MCP measures
+about 2.4x and 4.2x on the same kind of loop (shared/reference/anchor-observed.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+LOOP = (
+    "i=0; s=$EPOCHREALTIME; while [ $i -lt {n} ]; do /bin/true; i=$((i+1)); done; "
+    "e=$EPOCHREALTIME; echo $(( (${{e/./}} - ${{s/./}}) / {n} ))"
+)
+
+CONFIGS: dict[str, tuple[str | None, list[str]]] = {
+    # name: (rules text or None for plain bash, extra `execgate run` options)
+    "plain": (None, []),
+    "run (snapshot)": ('prefix_rule(["git", "push"], "prompt")\n', []),
+    "run (round trip)": ('prefix_rule(["true", "--never"], "forbidden")\n', []),
+    "run, workspace-write": (
+        'prefix_rule(["git", "push"], "prompt")\n',
+        ["--sandbox", "workspace-write"],
+    ),
+    "escalate": ('prefix_rule(["true"], "allow")\n', ["--sandbox", "workspace-write"]),
+}
+
+
+def measure(
+    name: str, rules: Path | None, options: list[str], execs: int, env: dict[str, str]
+) -> int:
+    loop = ["bash", "--norc", "--noprofile", "-c", LOOP.format(n=execs)]
+    if rules is None:
+        cmd = loop
+    else:
+        cmd = [
+            sys.executable,
+            "-m",
+            "execgate",
+            "run",
+            "--rules",
+            str(rules),
+            *options,
+            "--",
+            *loop,
+        ]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--execs", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="execgate-bench-") as tmp:
+        home = Path(tmp)
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(home),
+            "EXECGATE_HOME": str(home / "execgate"),
+            "LANG": "C.UTF-8",
+        }
+        rules: dict[str, Path | None] = {}
+        for name, (text, _) in CONFIGS.items():
+            if text is None:
+                rules[name] = None
+            else:
+                path = home / f"{len(rules)}.rules"
+                path.write_text(text)
+                rules[name] = path
+        samples: dict[str, list[int]] = {name: [] for name in CONFIGS}
+        for _ in range(args.rounds):
+            for name, (_, options) in CONFIGS.items():
+                samples[name].append(measure(rules[name], options, args.execs, env))
+    plain = statistics.median(samples["plain"])
+    print(f"per-exec cost, bash loop of {args.execs} /bin/true, median of {args.rounds} rounds")
+    print(f"machine: {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}")
+    for name, values in samples.items():
+        median = statistics.median(values)
+        print(
+            f"  {name:22} {median:7.0f} us/exec  {median / plain:5.2f}x plain"
+            f"   (min {min(values)}, max {max(values)})"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Escalation: an `allow`ed program runs outside the sandbox, on the caller's descriptors, and
+its exit status comes back exactly. Sessions leave nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+from .conftest import EXECGATE, Gate
+
+WS = ["--sandbox", "workspace-write", "--exclude-tmp", "--exclude-tmpdir"]
+
+
+def test_escalated_program_writes_where_the_sandbox_forbids(gate: Gate) -> None:
+    gate.write_rules('prefix_rule(["touch"], "allow")\n')
+    outside = gate.root.parent / "home" / "outside"
+    script = f"echo no > {outside}; echo rc1=$?; touch {outside}; echo rc2=$?"
+    result = gate.run(script, options=WS)
+    assert b"rc1=1" in result.stdout, result.stderr
+    assert b"rc2=0" in result.stdout, result.stderr
+    assert outside.exists()
+    assert outside.read_bytes() == b""  # created by touch, not by the sandboxed echo
+
+
+def test_escalated_program_uses_the_callers_stdio_and_descriptors(gate: Gate) -> None:
+    gate.write_rules('prefix_rule(["cat"], "allow")\nprefix_rule(["sh"], "allow")\n')
+    result = gate.run(
+        "printf 'piped in' | cat; echo; cat /nonexistent-file; echo rc=$?;"
+        " sh -c 'echo to-fd3 >&3' 3>fd3.txt; cat fd3.txt",
+        options=WS,
+        cwd=gate.root,
+    )
+    assert result.stdout.splitlines() == [b"piped in", b"rc=1", b"to-fd3"]
+    assert b"cat: /nonexistent-file: No such file or directory" in result.stderr
+    # stdin of the session itself reaches an escalated program too
+    result = gate.run(["cat"], options=WS, input=b"from the terminal side")
+    assert result.stdout == b"from the terminal side"
+
+
+def test_escalated_exit_status_and_signal_death_come_back(gate: Gate) -> None:
+    gate.write_rules('prefix_rule(["sh"], "allow")\n')
+    result = gate.run("sh -c 'exit 42'; echo rc=$?; sh -c 'kill -TERM $$'; echo rc=$?", options=WS)
+    assert result.stdout == b"rc=42\nrc=143\n"
+
+
+def test_escalated_program_stays_gated(gate: Gate) -> None:
+    """A program `allow` lets out of the sandbox still cannot start a forbidden one."""
+    gate.write_rules(
+        'prefix_rule(["sh"], "allow")\n'
+        'prefix_rule(["marker"], "forbidden", justification="marker must not run")\n'
+    )
+    result = gate.run("sh -c 'marker; echo inner=$?'", options=WS)
+    assert b"inner=126" in result.stdout
+    assert not gate.ran()
+
+
+def test_escalated_program_environment(gate: Gate) -> None:
+    """The caller's variables reach the escalated program; loader variables it added do not."""
+    gate.write_rules('prefix_rule(["env"], "allow")\n')
+    result = gate.run("export FOO=bar; LD_LIBRARY_PATH=/evil LD_AUDIT=/evil.so env", options=WS)
+    lines = result.stdout.decode().splitlines()
+    assert "FOO=bar" in lines
+    assert not any(line.startswith(("LD_LIBRARY_PATH=", "LD_AUDIT=")) for line in lines)
+    preload = [line for line in lines if line.startswith("LD_PRELOAD=")]
+    assert len(preload) == 1 and "libexecgate.so" in preload[0]  # still gated
+
+
+def _start(gate: Gate, script: str, options: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*EXECGATE, "run", "--rules", str(gate.rules), *options, "--", "bash", "-c", script],
+        env=gate.env,
+        cwd=gate.root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def _wait_for_line(proc: subprocess.Popen[bytes], expected: bytes) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.strip() == expected:
+            return
+    raise AssertionError(f"never printed {expected!r}; stderr: {proc.stderr.read()!r}")  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("target", ["execgate only", "whole process group"])
+def test_sigterm_ends_the_session_and_kills_everything(gate: Gate, target: str) -> None:
+    """Background jobs, a daemonised grandchild, and an escalated program all die with it."""
+    gate.write_rules('prefix_rule(["perl"], "allow")\n')
+    tag = gate.tag
+    script = (
+        f"perl -e '$0=\"{tag}-escalated\"; sleep 1000' & "
+        f"(setsid bash -c 'exec -a {tag}-daemon sleep 1000' &) ; "
+        f"bash -c 'exec -a {tag}-child sleep 1000' & "
+        # all three exist before we say so
+        f"until [ $(pgrep -c -f '^{tag}-') = 3 ]; do :; done; echo ready; wait"
+    )
+    proc = _start(gate, script, WS)
+    _wait_for_line(proc, b"ready")
+    assert len(gate.leftovers()) == 3
+    if target == "execgate only":
+        os.kill(proc.pid, signal.SIGTERM)  # like `timeout`
+    else:
+        os.killpg(proc.pid, signal.SIGTERM)  # like a closed terminal
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGTERM
+    assert gate.leftovers() == []
+
+
+def test_when_the_command_ends_its_leftovers_are_killed(gate: Gate) -> None:
+    tag = gate.tag
+    result = gate.run(f"(exec -a {tag}-orphan sleep 1000 &) ; echo done")
+    assert result.stdout == b"done\n"
+    assert gate.leftovers() == []
+
+
+def test_escalated_program_gets_no_stray_descriptors(gate: Gate) -> None:
+    gate.write_rules('prefix_rule(["dash"], "allow")\n')
+    result = gate.run("dash -c 'ls /proc/$$/fd'", options=WS)
+    assert result.stdout.split() == [b"0", b"1", b"2"], result.stderr

@@ -1,0 +1,336 @@
+"""``execgate rules list|test|explain|init`` and ``execgate trust|untrust [DIR]``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from execgate import paths
+from execgate.cli.check import command_tokens
+from execgate.config import load_config
+from execgate.errors import ExecgateError
+from execgate.policy import (
+    Evaluation,
+    LoadedPolicy,
+    PolicyError,
+    PrefixRule,
+    is_trusted,
+    load_layered_policy,
+    project_root,
+    trust_project,
+    trusted_projects,
+    untrust_project,
+)
+from execgate.policy.cache import RulesCache
+from execgate.policy.codex_text import render_command
+from execgate.policy.language import FileRules, PolicyBuilder
+from execgate.policy.layers import (
+    default_rules_path,
+    default_rules_text,
+    project_dirs,
+    rules_files_in,
+    rules_folders,
+)
+from execgate.policy.loader import compile_rules_file, compile_rules_text, default_cache
+from execgate.policy.requirements import load_requirements
+
+SHOWN_ALTERNATIVES = 6
+
+
+def register(subparsers: Any) -> None:
+    rules = subparsers.add_parser(
+        "rules",
+        help="list, test and explain the rules in force",
+        description="Inspect the layered policy (default, system, user, project, requirements).",
+    )
+    actions = rules.add_subparsers(dest="rules_command", metavar="ACTION")
+    rules.set_defaults(handler=lambda _args: _usage(rules))
+
+    listing = actions.add_parser("list", help="every layer, file and rule, with file:line")
+    listing.add_argument("--full", action="store_true", help="show every alternative of a token")
+    listing.set_defaults(handler=run_list)
+
+    test = actions.add_parser(
+        "test",
+        help="load every layer and run every match/not_match example (exit 1 on failure)",
+    )
+    test.add_argument(
+        "-r",
+        "--rules",
+        metavar="PATH",
+        action="append",
+        type=Path,
+        help="test these files instead of the layers (repeatable)",
+    )
+    test.set_defaults(handler=run_test)
+
+    explain = actions.add_parser(
+        "explain",
+        help="which rules match a command, from which file:line, and why the decision",
+    )
+    explain.add_argument("-r", "--rules", metavar="PATH", action="append", type=Path)
+    explain.add_argument(
+        "--no-resolve-host-executables",
+        dest="resolve",
+        action="store_false",
+        help="match the first token literally only (the gate resolves program paths)",
+    )
+    explain.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+    explain.set_defaults(handler=run_explain, parser=explain)
+
+    init = actions.add_parser(
+        "init", help="write the built-in default policy to the user layer, to edit"
+    )
+    init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    init.set_defaults(handler=run_init)
+
+    trust = subparsers.add_parser(
+        "trust",
+        help="load the project rules of DIR (default: this repository) and everything below",
+    )
+    trust.add_argument("directory", nargs="?", type=Path, metavar="DIR")
+    trust.set_defaults(handler=run_trust)
+    untrust = subparsers.add_parser("untrust", help="stop loading the project rules of DIR")
+    untrust.add_argument("directory", nargs="?", type=Path, metavar="DIR")
+    untrust.set_defaults(handler=run_untrust)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+# --- list -----------------------------------------------------------------------------------
+
+
+def _token_text(accepted: tuple[str, ...], full: bool) -> str:
+    if len(accepted) == 1:
+        return accepted[0]
+    shown = accepted if full else accepted[:SHOWN_ALTERNATIVES]
+    more = len(accepted) - len(shown)
+    return "[" + "|".join(shown) + (f"|… {more} more" if more else "") + "]"
+
+
+def rule_text(rule: PrefixRule, full: bool = False) -> str:
+    parts = [rule.program, *(_token_text(tok, full) for tok in rule.rest)]
+    return " ".join(parts)
+
+
+def _print_rules(rules: list[PrefixRule], full: bool) -> None:
+    for rule in rules:
+        where = f"{rule.source.line}:{rule.source.column}" if rule.source else "?"
+        note = f"  # {rule.justification}" if rule.justification else ""
+        print(f"    {where:>8}  {rule.decision.value:<9}  {rule_text(rule, full)}{note}")
+
+
+def run_list(args: argparse.Namespace) -> int:
+    cwd = Path.cwd()
+    config = load_config()
+    loaded = load_layered_policy(cwd, config=config)
+    by_file: dict[str, list[PrefixRule]] = {}
+    for rule in loaded.policy.rules:
+        if rule.source is not None:
+            by_file.setdefault(rule.source.path.split("#", 1)[0], []).append(rule)
+    for folder in loaded.folders:
+        files = rules_files_in(folder.path)
+        state = "" if files else "  (no rules files)"
+        print(f"{folder.layer:<12} {folder.path}{state}")
+        for path in files:
+            print(f"  {path}")
+            _print_rules(by_file.get(str(path), []), args.full)
+    trusted = trusted_projects()
+    for directory in project_dirs(cwd):
+        if not is_trusted(directory, trusted) and (directory / ".execgate" / "rules").exists():
+            print(
+                f"{'project':<12} {directory / '.execgate' / 'rules'}  "
+                f"(not trusted: run `execgate trust {directory}` to load it)"
+            )
+    for source in loaded.sources:
+        if source.layer == "default":
+            print(f"{'default':<12} {source.path}  (built in; used because no layer has rules)")
+            _print_rules(by_file.get(str(source.path), []), args.full)
+    requirements: dict[str, list[PrefixRule]] = {}
+    for rule in loaded.policy.rules:
+        if rule.source is not None and "#rules." in rule.source.path:
+            requirements.setdefault(rule.source.path.split("#", 1)[0], []).append(rule)
+    for origin, rules in requirements.items():
+        print(f"{'requirements':<12} {origin}  (admin rules, applied last)")
+        for rule in rules:
+            assert rule.source is not None
+            entry = rule.source.path.split("#", 1)[1]
+            note = f"  # {rule.justification}" if rule.justification else ""
+            print(f"    {entry:>24}  {rule.decision.value:<9}  {rule_text(rule, args.full)}{note}")
+    if loaded.policy.host_executables:
+        print("host executables (basename resolution is limited to these paths):")
+        for name, allowed in sorted(loaded.policy.host_executables.items()):
+            print(f"    {name}: {', '.join(allowed) if allowed else '(no path accepted)'}")
+    if loaded.policy.network_rules:
+        print("network rules (parsed; enforced by the sandbox):")
+        for net in loaded.policy.network_rules:
+            print(f"    {net.decision.value:<9}  {net.protocol}://{net.host}  [{net.source}]")
+    _report_state(loaded)
+    return 0
+
+
+def _report_state(loaded: LoadedPolicy) -> None:
+    for warning in loaded.warnings:
+        print(f"execgate: warning: {warning}", file=sys.stderr)
+    if loaded.fail_closed_reason:
+        print(f"execgate: every exec is denied: {loaded.fail_closed_reason}", file=sys.stderr)
+
+
+# --- test -----------------------------------------------------------------------------------
+
+
+def _files_to_test(args: argparse.Namespace) -> list[tuple[str, Path, str | None]]:
+    """(layer, path, text override) in load order."""
+    if args.rules:
+        return [("file", path, None) for path in args.rules]
+    found: list[tuple[str, Path, str | None]] = []
+    seen: set[str] = set()
+    for folder in rules_folders(Path.cwd(), load_config()):
+        real = os.path.realpath(folder.path)
+        if real in seen:
+            continue
+        seen.add(real)
+        found += [(folder.layer, path, None) for path in rules_files_in(folder.path)]
+    found.append(("default", default_rules_path(), default_rules_text()))
+    return found
+
+
+def run_test(args: argparse.Namespace) -> int:
+    cache: RulesCache | None = default_cache()
+    builder = PolicyBuilder()
+    failures: list[str] = []
+    files = rules = examples = 0
+    for layer, path, text in _files_to_test(args):
+        if layer == "default" and rules:
+            continue  # only loaded while no other layer has rules
+        name = str(path)
+        try:
+            compiled: FileRules = (
+                compile_rules_text(text, name, cache=cache)
+                if text is not None
+                else compile_rules_file(path, name, cache=cache)
+            )
+            builder.add_file(compiled)
+        except PolicyError as exc:
+            failures.append(str(exc))
+            print(f"FAIL  {layer:<8} {name}", file=sys.stderr)
+            continue
+        files += 1
+        rules += len(compiled.rules)
+        examples += sum(len(c.matches) + len(c.not_matches) for c in compiled.examples)
+        print(f"ok    {layer:<8} {name}  ({len(compiled.rules)} rules)")
+    if not args.rules:
+        try:
+            requirements = load_requirements()
+        except PolicyError as exc:
+            failures.append(str(exc))
+        else:
+            for source in requirements.sources:
+                print(f"ok    {'require':<8} {source}")
+            for warning in requirements.warnings:
+                print(f"execgate: warning: {warning}", file=sys.stderr)
+            if requirements.fail_closed_reason:
+                failures.append(requirements.fail_closed_reason)
+    for failure in failures:
+        print(f"execgate: error: {failure}", file=sys.stderr)
+    verdict = "failed" if failures else "passed"
+    print(f"{files} files, {rules} rules, {examples} examples: {verdict}")
+    return 1 if failures else 0
+
+
+# --- explain --------------------------------------------------------------------------------
+
+
+def explain_text(evaluation: Evaluation, layers: dict[str, str]) -> str:
+    lines = [f"command:  {render_command(evaluation.command)}"]
+    decision = evaluation.decision.value if evaluation.decision else "none (no rule matches)"
+    lines.append(f"decision: {decision}")
+    if not evaluation.matches:
+        lines.append(
+            "No rule matches, so the policy has no decision: under execgate the command runs "
+            "inside the sandbox."
+        )
+        return "\n".join(lines)
+    lines.append(f"reason:   {evaluation.reason()}")
+    lines.append("matching rules, in load order:")
+    for match in evaluation.matches:
+        source = match.source
+        where = str(source) if source else "?"
+        layer = layers.get(where.split("#", 1)[0].rsplit(":", 2)[0], "")
+        layer_note = f" ({layer} layer)" if layer else ""
+        lines.append(f"  {match.decision.value:<9}  {rule_text(match.rule)}")
+        lines.append(f"      defined at {where}{layer_note}")
+        lines.append(f"      matched prefix: {render_command(match.matched_prefix)}")
+        if match.resolved_program:
+            lines.append(
+                f"      program resolved to {match.resolved_program} (rules for its basename)"
+            )
+        if match.justification:
+            lines.append(f"      justification: {match.justification}")
+    if len(evaluation.matches) > 1:
+        lines.append("The strictest decision wins: forbidden > prompt > allow.")
+    if evaluation.decision is not None and evaluation.decision.value == "allow":
+        lines.append("Under execgate, allow means the program runs outside the sandbox.")
+    return "\n".join(lines)
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    command = command_tokens(args)
+    layers: dict[str, str] = {}
+    if args.rules:
+        from execgate.policy import load_rules_files
+
+        policy = load_rules_files(args.rules)
+        layers = {str(path): "file" for path in args.rules}
+    else:
+        loaded = load_layered_policy(Path.cwd())
+        _report_state(loaded)
+        policy = loaded.policy
+        layers = {str(source.path): source.layer for source in loaded.sources}
+    evaluation = policy.evaluate(command, resolve_host_executables=args.resolve)
+    print(explain_text(evaluation, layers))
+    return 0
+
+
+# --- init, trust ----------------------------------------------------------------------------
+
+
+def run_init(args: argparse.Namespace) -> int:
+    target = paths.user_default_rules_file()
+    if target.exists() and not args.force:
+        raise ExecgateError(f"{target} already exists (use --force to overwrite it)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(default_rules_text(), encoding="utf-8")
+    print(f"wrote the default policy to {target}")
+    return 0
+
+
+def _directory(args: argparse.Namespace) -> Path:
+    directory: Path = args.directory or project_root(Path.cwd())
+    if not directory.is_dir():
+        raise ExecgateError(f"{directory} is not a directory")
+    return directory.resolve()
+
+
+def run_trust(args: argparse.Namespace) -> int:
+    directory = _directory(args)
+    if trust_project(directory):
+        print(f"trusted {directory}: its .execgate/rules and .codex/rules now load")
+    else:
+        print(f"{directory} was already trusted")
+    return 0
+
+
+def run_untrust(args: argparse.Namespace) -> int:
+    directory = _directory(args)
+    if untrust_project(directory):
+        print(f"{directory} is no longer trusted")
+    else:
+        print(f"{directory} was not in the trust list")
+    return 0

@@ -1,0 +1,66 @@
+"""Answers of "always allow": append an allow rule to a rules file the way Codex does."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from execgate.policy.model import PolicyError
+
+APPEND_LIMIT = 64 * 1024 * 1024
+
+
+def allow_rule_line(tokens: Sequence[str]) -> str:
+    """The line Codex writes: JSON-escaped tokens joined by ``", "``."""
+    if not tokens:
+        raise PolicyError("prefix rule requires at least one token")
+    if any(not token.strip() for token in tokens):
+        raise PolicyError("prefix rule tokens cannot be empty or whitespace-only")
+    pattern = ", ".join(json.dumps(token, ensure_ascii=False) for token in tokens)
+    return f'prefix_rule(pattern=[{pattern}], decision="allow")'
+
+
+def _rust_lines(text: str) -> list[str]:
+    """``str::lines``: split at ``\n``, dropping one ``\r`` before it."""
+    parts = text.split("\n")
+    terminated = parts[:-1]
+    lines = [part[:-1] if part.endswith("\r") else part for part in terminated]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+def append_allow_rule(path: Path, tokens: Sequence[str]) -> bool:
+    """Append ``prefix_rule(pattern=[...], decision="allow")`` to ``path``.
+
+    Codex's procedure: create the folder and file if needed, take an exclusive lock, refuse
+    files over 64 MiB, skip the append when the identical line is already there, add a missing
+    final newline first. Returns ``False`` when the line was already present.
+    """
+    line = allow_rule_line(tokens)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise PolicyError(f"failed to open policy file {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "r+b") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        except OSError as exc:
+            raise PolicyError(f"failed to lock policy file {path}: {exc.strerror}") from None
+        try:
+            if os.fstat(handle.fileno()).st_size > APPEND_LIMIT:
+                raise PolicyError(f"{path}: policy file exceeds the 64 MiB append limit")
+            handle.seek(0)
+            contents = handle.read().decode("utf-8", "surrogateescape")
+            if line in _rust_lines(contents):
+                return False
+            prefix = "\n" if contents and not contents.endswith("\n") else ""
+            handle.write(f"{prefix}{line}\n".encode())
+            handle.flush()
+        except OSError as exc:
+            raise PolicyError(f"failed to write to policy file {path}: {exc.strerror}") from None
+    return True

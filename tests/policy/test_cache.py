@@ -1,0 +1,143 @@
+"""The compiled-policy cache: used when the text is unchanged, ignored when it cannot be
+trusted (corrupt, stale, for another file or version)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import execgate.policy.cache as cache_module
+import execgate.policy.loader as loader
+from execgate.policy import Decision, load_rules_files
+from execgate.policy.cache import RulesCache, cache_key
+
+from .conftest import Env
+
+TEXT = """
+prefix_rule(["git", ["status", "diff"]], justification = "read-only", match = ["git status"])
+prefix_rule(["rm", "-rf"], "forbidden")
+host_executable(name = "git", paths = ["/usr/bin/git"])
+network_rule(host = "example.com", protocol = "https", decision = "deny")
+"""
+
+
+@pytest.fixture
+def store(env: Env) -> RulesCache:
+    return RulesCache(env.execgate_home / "cache" / "policy", min_bytes=0)
+
+
+def no_starlark(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(text: str, identifier: str) -> None:
+        raise AssertionError("Starlark ran although the cache should have answered")
+
+    monkeypatch.setattr(loader, "evaluate_rules_text", fail)
+
+
+def test_warm_load_comes_from_the_cache(
+    env: Env, store: RulesCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = env.write("p.rules", TEXT)
+    cold = load_rules_files([path], cache=store)
+    assert len(list(store.directory.glob("*.json"))) == 1
+    no_starlark(monkeypatch)
+    warm = load_rules_files([path], cache=store)
+    assert warm.rules == cold.rules
+    assert warm.network_rules == cold.network_rules
+    assert dict(warm.host_executables) == dict(cold.host_executables)
+    assert warm.evaluate(["git", "diff"]).decision is Decision.ALLOW
+    assert str(warm.rules[0].source) == f"{path}:2:1"
+
+
+def test_edited_file_is_evaluated_again(env: Env, store: RulesCache) -> None:
+    path = env.write("p.rules", TEXT)
+    load_rules_files([path], cache=store)
+    path.write_text(TEXT.replace('"forbidden"', '"prompt"'))
+    assert load_rules_files([path], cache=store).evaluate(["rm", "-rf"]).decision is Decision.PROMPT
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data: b"\x00garbage",
+        lambda data: data[: len(data) // 2],
+        lambda data: json.dumps({**json.loads(data), "key": "0" * 64}).encode(),
+        lambda data: json.dumps({**json.loads(data), "format": 999}).encode(),
+        lambda data: json.dumps(
+            {**json.loads(data), "rules": [["git", "not a list", "allow", None, False, 1, 1]]}
+        ).encode(),
+        lambda data: json.dumps(
+            {**json.loads(data), "rules": [["git", [], "maybe", None, False, 1, 1]]}
+        ).encode(),
+        lambda data: json.dumps({**json.loads(data), "examples": [[[99], [], [], 1, 1]]}).encode(),
+        lambda data: json.dumps({**json.loads(data), "identifier": "other.rules"}).encode(),
+    ],
+)
+def test_damaged_entries_are_ignored(env: Env, store: RulesCache, damage: object) -> None:
+    path = env.write("p.rules", TEXT)
+    load_rules_files([path], cache=store)
+    (entry,) = store.directory.glob("*.json")
+    entry.write_bytes(damage(entry.read_bytes()))  # type: ignore[operator]
+    policy = load_rules_files([path], cache=store)
+    assert policy.evaluate(["rm", "-rf", "/"]).decision is Decision.FORBIDDEN
+    assert len(policy.rules) == 2
+
+
+def test_key_covers_version_name_and_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = cache_key("a.rules", "x")
+    assert key != cache_key("b.rules", "x")
+    assert key != cache_key("a.rules", "y")
+    monkeypatch.setattr(cache_module, "__version__", "999")
+    assert key != cache_key("a.rules", "x")
+
+
+def test_example_failures_are_still_reported_from_the_cache(env: Env, store: RulesCache) -> None:
+    first = env.write("hosts.rules", 'host_executable(name = "git", paths = ["/opt/git"])\n')
+    second = env.write("p.rules", 'prefix_rule(["git"], not_match = ["/usr/bin/git x"])\n')
+    load_rules_files([first, second], cache=store)  # passes: /usr/bin/git is not /opt/git
+    from execgate.policy import PolicyError
+
+    with pytest.raises(PolicyError, match="expected example to not match"):
+        load_rules_files([second], cache=store)  # same cached entry, different context
+
+
+def test_small_files_are_not_cached_by_default(env: Env) -> None:
+    path = env.write("p.rules", TEXT)
+    store = RulesCache(env.execgate_home / "cache" / "policy")
+    load_rules_files([path], cache=store)
+    assert not store.directory.exists()
+
+
+def test_unwritable_cache_only_costs_time(env: Env) -> None:
+    path = env.write("p.rules", TEXT)
+    blocker = env.write("blocker", "not a folder")
+    store = RulesCache(Path(blocker) / "cache", min_bytes=0)
+    assert (
+        load_rules_files([path], cache=store).evaluate(["rm", "-rf"]).decision is Decision.FORBIDDEN
+    )
+
+
+def test_old_entries_are_pruned(
+    env: Env, store: RulesCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cache_module, "MAX_ENTRIES", 3)
+    for i in range(6):
+        path = env.write(f"p{i}.rules", TEXT)
+        load_rules_files([path], cache=store)
+    assert len(list(store.directory.glob("*.json"))) == 3
+
+
+def test_no_cache_environment_switch(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXECGATE_NO_CACHE", "1")
+    assert loader.default_cache() is None
+
+
+def test_files_the_user_cannot_write_are_never_cached(
+    env: Env, store: RulesCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An admin's file must not be replaceable through the user's cache folder."""
+    path = env.write("admin.rules", TEXT)
+    monkeypatch.setattr(loader.os, "access", lambda p, mode: False)
+    load_rules_files([path], cache=store)
+    assert not store.directory.exists()

@@ -49,6 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_status
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # our reader went away (`execgate rules list | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:  # last resort: a bug, still no traceback unless asked for
         if os.environ.get("EXECGATE_DEBUG"):
             raise

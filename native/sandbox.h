@@ -1,0 +1,59 @@
+/* Confinement applied by execgate-launch in a spawned child, just before execve (docs/sandbox.md).
+ *
+ *   Landlock      filesystem: everything readable, writes only under the writable roots and to
+ *                 the terminal/null-like devices; EXECUTE everywhere or (strict-exec) only below
+ *                 the system directories and listed ones; TCP bind/connect denied (ABI >= 4)
+ *                 when the network is off; signals and abstract Unix sockets scoped (ABI >= 6).
+ *   mount ns      `.git` & co. inside writable roots and explicit read-only paths are bind-mounted
+ *                 read-only in a private mount namespace (a user namespace when unprivileged).
+ *   capabilities  the bounding, inheritable and ambient sets are emptied (root stays uid 0 but
+ *                 has no capability left, also after exec).
+ *   seccomp       socket() only for AF_UNIX when the network is off; io_uring, TIOCSTI and
+ *                 TIOCLINUX denied; other syscall ABIs (i386, x32) killed.
+ *
+ * Nothing here runs in the launcher itself: only the forked child is confined.
+ */
+#ifndef EXECGATE_SANDBOX_H
+#define EXECGATE_SANDBOX_H
+
+#include <stddef.h>
+
+enum sb_mode { SB_OFF = 0, SB_READ_ONLY, SB_WORKSPACE_WRITE };
+
+struct sb_list {
+    const char **v;
+    int n;
+    int cap;
+};
+
+struct sb_config {
+    enum sb_mode mode;
+    int network;          /* 1: no network restriction */
+    int strict_exec;      /* EXECUTE only below the system dirs + exec_dirs */
+    struct sb_list writable;  /* --writable DIR: writable roots (workspace-write) */
+    struct sb_list readonly;  /* --readonly PATH: kept read-only even inside a writable root */
+    struct sb_list protect;   /* --protect NAME: <root>/NAME kept read-only in every root */
+    struct sb_list exec_dirs; /* --exec-dir PATH: extra places programs may be executed from */
+};
+
+/* The Landlock ABI the confined profiles need at least (TRUNCATE, Linux 6.2). */
+#define SB_MIN_LANDLOCK_ABI 3
+
+/* Parse the sandbox option at argv[*i] (advancing *i past its value). Returns 1 if it was one,
+ * 0 if argv[*i] is not a sandbox option, -1 on a bad value (message in err). */
+int sb_parse_option(struct sb_config *c, int argc, char **argv, int *i, char *err, size_t cap);
+
+/* Confine the calling process (a freshly forked, single-threaded child) and chdir(cwd) at the
+ * right moment (after the mounts). 0, or -errno with a one-line message in msg. With SB_OFF it
+ * only changes directory. */
+int sb_apply(const struct sb_config *c, const char *cwd, char *msg, size_t cap);
+
+/* `execgate-launch --probe [SANDBOX OPTIONS]`: print what this kernel supports as key=value
+ * lines on stdout (and, if a mode other than off was given, the result of a trial application
+ * in a throwaway child). Returns the process exit status. */
+int sb_probe(const struct sb_config *c);
+
+/* Highest supported Landlock ABI, or -errno. */
+int sb_landlock_abi(void);
+
+#endif

@@ -1,0 +1,340 @@
+"""What a session's sandbox allows: :class:`SandboxSpec`, built from CLI flags and config.
+
+The spec is plain data. ``execgate-launch`` enforces it in every child spawned with the
+``sandbox`` flag (docs/sandbox.md); :meth:`SandboxSpec.launcher_args` is the translation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Final, Literal, TypeGuard
+
+from execgate.config import SANDBOX_MODES, SandboxConfig
+from execgate.errors import ExecgateError
+
+SandboxMode = Literal["read-only", "workspace-write", "off"]
+
+#: Names kept read-only inside every writable root (``.git`` unless ``--writable-git``).
+PROTECTED_NAMES: Final[tuple[str, ...]] = (".git", ".codex", ".execgate")
+
+#: Where programs may be executed from under ``strict-exec`` (plus ``exec_dirs``); built into
+#: the launcher, listed here for messages and docs.
+SYSTEM_EXEC_DIRS: Final[tuple[str, ...]] = (
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt",
+)  # fmt: skip
+
+#: Writable in workspace-write along with /tmp (and excluded with it).
+SHARED_MEMORY_DIR: Final = Path("/dev/shm")
+
+
+def is_mode(value: object) -> TypeGuard[SandboxMode]:
+    return isinstance(value, str) and value in SANDBOX_MODES
+
+
+def _under(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxSpec:
+    """A sandbox profile with everything resolved: absolute, canonical paths.
+
+    * ``writable_roots``: where workspace-write allows writes (ignored by other modes).
+    * ``readonly_paths``: kept read-only even when inside a writable root (e.g. the session
+      directory); they need a private mount namespace when they are.
+    * ``protected_names``: ``<root>/<name>`` kept read-only in every writable root, looked up
+      by the launcher at each spawn (so a ``.git`` created later is protected from then on).
+    * ``exec_dirs``: extra directories or files programs may be executed from under
+      ``strict_exec``.
+    """
+
+    mode: SandboxMode = "off"
+    writable_roots: tuple[Path, ...] = ()
+    readonly_paths: tuple[Path, ...] = ()
+    protected_names: tuple[str, ...] = PROTECTED_NAMES
+    network: bool = False
+    strict_exec: bool = False
+    exec_dirs: tuple[Path, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not is_mode(self.mode):
+            raise ValueError(f"unknown sandbox mode {self.mode!r}")
+        for path in (*self.writable_roots, *self.readonly_paths, *self.exec_dirs):
+            if not path.is_absolute():
+                raise ValueError(f"sandbox path {path} is not absolute")
+        for name in self.protected_names:
+            if not name or "/" in name or name in (".", ".."):
+                raise ValueError(f"protected name {name!r} is not a single file name")
+
+    @property
+    def confines(self) -> bool:
+        """Whether spawns with the ``sandbox`` flag are confined at all."""
+        return self.mode != "off"
+
+    def launcher_args(self) -> list[str]:
+        """The ``execgate-launch`` command-line options for this spec (protocol §7)."""
+        args = ["--sandbox", self.mode]
+        if not self.confines:
+            return args
+        if self.mode == "workspace-write":
+            for root in self.writable_roots:
+                args += ["--writable", str(root)]
+            for name in self.protected_names:
+                args += ["--protect", name]
+        for path in self.readonly_paths:
+            args += ["--readonly", str(path)]
+        if self.network:
+            args.append("--network")
+        if self.strict_exec:
+            args.append("--strict-exec")
+            for path in self.exec_dirs:
+                args += ["--exec-dir", str(path)]
+        return args
+
+    def allows_write(self, path: Path) -> bool:
+        """Whether a confined process could write ``path`` (resolved), per this spec."""
+        if self.mode == "off":
+            return True
+        if self.mode != "workspace-write":
+            return False
+        path = Path(os.path.realpath(path))
+        roots = [r for r in self.writable_roots if _under(path, r)]
+        if not roots:
+            return False
+        protected = [Path(os.path.realpath(p)) for p in self.readonly_paths]
+        protected += [Path(os.path.realpath(r / n)) for r in roots for n in self.protected_names]
+        return not any(_under(path, p) for p in protected)
+
+    def carve_outs(self) -> list[Path]:
+        """Existing paths the launcher will bind-mount read-only today (what needs a mount
+        namespace): protected names and read-only paths that lie inside a writable root."""
+        if self.mode != "workspace-write":
+            return []
+        roots = [Path(os.path.realpath(r)) for r in self.writable_roots if r.exists()]
+        found: list[Path] = []
+        candidates = [r / n for r in roots for n in self.protected_names]
+        candidates += list(self.readonly_paths)
+        for candidate in candidates:
+            if not os.path.lexists(candidate):
+                continue
+            target = Path(os.path.realpath(candidate))
+            if any(_under(target, r) for r in roots) and target not in found:
+                found.append(target)
+        return found
+
+    def with_gate_paths(
+        self, *, session_dir: Path | None = None, executables: Iterable[Path] = ()
+    ) -> SandboxSpec:
+        """This spec plus what the gate itself needs inside the sandbox.
+
+        * ``session_dir`` (socket, policy snapshot) must not be writable by confined
+          processes: if it lies inside a writable root it becomes a read-only carve-out.
+        * ``executables`` (``execgate-wrapper``, ``libexecgate.so``) must be readable (always
+          true: the whole filesystem is) and executable under ``strict_exec``.
+        """
+        spec = self
+        if session_dir is not None:
+            session = Path(os.path.realpath(session_dir))
+            if spec.confines and spec.allows_write(session) and session not in spec.readonly_paths:
+                spec = replace(spec, readonly_paths=(*spec.readonly_paths, session))
+        extra = [Path(os.path.realpath(p)) for p in executables]
+        extra = [p for p in extra if p not in spec.exec_dirs]
+        if extra:
+            spec = replace(spec, exec_dirs=(*spec.exec_dirs, *extra))
+        return spec
+
+    def describe(self) -> str:
+        """One line for logs and messages."""
+        if not self.confines:
+            return "off (no confinement)"
+        parts: list[str] = [self.mode]
+        if self.mode == "workspace-write":
+            roots = ", ".join(map(str, self.writable_roots)) or "none"
+            parts.append(f"writable: {roots}")
+            if self.protected_names:
+                parts.append(f"read-only inside: {', '.join(self.protected_names)}")
+        parts.append("network on" if self.network else "network off")
+        if self.strict_exec:
+            parts.append("strict-exec")
+        return "; ".join(parts)
+
+
+OFF: Final = SandboxSpec()
+
+
+def _resolve(path: str | Path, cwd: Path) -> Path:
+    expanded = Path(os.path.expanduser(path))
+    return Path(os.path.realpath(cwd / expanded))
+
+
+def _dedupe(paths: Iterable[Path]) -> tuple[Path, ...]:
+    seen: list[Path] = []
+    for path in paths:
+        if path not in seen:
+            seen.append(path)
+    return tuple(seen)
+
+
+def _config_path(value: str, key: str) -> str:
+    expanded = os.path.expanduser(value)
+    if not os.path.isabs(expanded):
+        raise ExecgateError(f"config: `sandbox.{key}` entry {value!r} must be an absolute path")
+    return expanded
+
+
+def build_spec(
+    mode: str | None = None,
+    *,
+    cwd: Path,
+    config: SandboxConfig | None = None,
+    default_mode: SandboxMode = "off",
+    writable_roots: Sequence[str | Path] = (),
+    network: bool | None = None,
+    strict_exec: bool | None = None,
+    exec_dirs: Sequence[str | Path] = (),
+    exclude_tmp: bool | None = None,
+    exclude_tmpdir: bool | None = None,
+    writable_git: bool | None = None,
+    env: Mapping[str, str] | None = None,
+) -> SandboxSpec:
+    """The spec for a session working in ``cwd``.
+
+    Explicit arguments (CLI flags; ``None`` = not given) win over ``config``, which wins over
+    ``default_mode``; directory lists add up. Relative paths are relative to ``cwd``.
+    workspace-write's writable roots: ``cwd``, the configured and given roots, ``$TMPDIR``
+    (from ``env``, default ``os.environ``) unless excluded, ``/tmp`` and ``/dev/shm`` unless
+    excluded.
+    """
+    config = config or SandboxConfig()
+    env = os.environ if env is None else env
+    chosen = mode if mode is not None else config.mode if config.mode is not None else default_mode
+    if not is_mode(chosen):
+        raise ExecgateError(
+            f"unknown sandbox mode {chosen!r} (choose one of {', '.join(SANDBOX_MODES)})"
+        )
+    cwd = Path(os.path.realpath(cwd))
+
+    def pick(flag: bool | None, configured: bool) -> bool:
+        return configured if flag is None else flag
+
+    given_roots = [_resolve(r, cwd) for r in writable_roots]
+    if chosen != "workspace-write" and given_roots:
+        raise ExecgateError(
+            f"--writable-root only applies to --sandbox workspace-write (the mode is {chosen})"
+        )
+    roots: list[Path] = []
+    if chosen == "workspace-write":
+        if not cwd.is_dir():
+            raise ExecgateError(f"working directory {cwd} does not exist")
+        roots.append(cwd)
+        configured = [Path(_config_path(r, "writable_roots")) for r in config.writable_roots]
+        for root in [*(Path(os.path.realpath(p)) for p in configured), *given_roots]:
+            if not root.exists():
+                raise ExecgateError(f"writable root {root} does not exist")
+            roots.append(root)
+        if not pick(exclude_tmpdir, config.exclude_tmpdir):
+            tmpdir = env.get("TMPDIR")
+            if tmpdir and os.path.isabs(tmpdir) and os.path.isdir(tmpdir):
+                roots.append(Path(os.path.realpath(tmpdir)))
+        if not pick(exclude_tmp, config.exclude_tmp):
+            for shared in (Path("/tmp"), SHARED_MEMORY_DIR):
+                if shared.is_dir():
+                    roots.append(Path(os.path.realpath(shared)))
+
+    names = PROTECTED_NAMES
+    if pick(writable_git, config.writable_git):
+        names = tuple(n for n in names if n != ".git")
+    strict = pick(strict_exec, config.strict_exec)
+    dirs: list[Path] = []
+    if strict:
+        dirs += [Path(os.path.realpath(_config_path(d, "exec_dirs"))) for d in config.exec_dirs]
+        dirs += [_resolve(d, cwd) for d in exec_dirs]
+    elif exec_dirs:
+        raise ExecgateError("--exec-dir only applies with --strict-exec")
+    return SandboxSpec(
+        mode=chosen,
+        writable_roots=_dedupe(roots),
+        protected_names=names,
+        network=pick(network, config.network),
+        strict_exec=strict,
+        exec_dirs=_dedupe(dirs),
+    )
+
+
+# -- command line ----------------------------------------------------------------------------
+
+
+def add_sandbox_arguments(
+    parser: argparse.ArgumentParser, *, default_mode: SandboxMode = "off"
+) -> None:
+    """Add the sandbox flags (``--sandbox MODE`` & co.) to a command's parser; read them back
+    with :func:`sandbox_from_args` (``default_mode`` here is only for the help text)."""
+    group = parser.add_argument_group("sandbox")
+    group.add_argument(
+        "--sandbox",
+        dest="sandbox_mode",
+        choices=SANDBOX_MODES,
+        metavar="MODE",
+        help="confine what runs: read-only, workspace-write or off "
+        f"(default: sandbox.mode in config.toml, else {default_mode})",
+    )
+    group.add_argument(
+        "--writable-root",
+        dest="sandbox_writable_roots",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="another writable directory for workspace-write (repeatable)",
+    )
+    bool_flags = [
+        ("--network", "sandbox_network", "allow network access (default: off)"),
+        (
+            "--strict-exec",
+            "sandbox_strict_exec",
+            "execute programs only from system directories and --exec-dir ones",
+        ),
+        ("--exclude-tmp", "sandbox_exclude_tmp", "do not make /tmp (and /dev/shm) writable"),
+        ("--exclude-tmpdir", "sandbox_exclude_tmpdir", "do not make $TMPDIR writable"),
+        ("--writable-git", "sandbox_writable_git", "let .git in writable roots be written"),
+    ]
+    for flag, dest, text in bool_flags:
+        group.add_argument(
+            flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=text
+        )
+    group.add_argument(
+        "--exec-dir",
+        dest="sandbox_exec_dirs",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="another directory programs may be executed from under --strict-exec (repeatable)",
+    )
+
+
+def sandbox_from_args(
+    args: argparse.Namespace,
+    config: SandboxConfig | None,
+    *,
+    cwd: Path,
+    default_mode: SandboxMode = "off",
+    env: Mapping[str, str] | None = None,
+) -> SandboxSpec:
+    """The spec for flags added by :func:`add_sandbox_arguments`, over ``config``."""
+    return build_spec(
+        args.sandbox_mode,
+        cwd=cwd,
+        config=config,
+        default_mode=default_mode,
+        writable_roots=args.sandbox_writable_roots,
+        network=args.sandbox_network,
+        strict_exec=args.sandbox_strict_exec,
+        exec_dirs=args.sandbox_exec_dirs,
+        exclude_tmp=args.sandbox_exclude_tmp,
+        exclude_tmpdir=args.sandbox_exclude_tmpdir,
+        writable_git=args.sandbox_writable_git,
+        env=env,
+    )

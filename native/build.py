@@ -22,9 +22,11 @@ NATIVE = Path(__file__).resolve().parent
 TARGETS: dict[str, tuple[list[str], list[str]]] = {
     "libexecgate.so": (
         ["interpose.c", "gate.c", "common.c"],
-        ["-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-z,now"],
+        ["-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-z,now", "-Wl,-z,noseparate-code"],
     ),
-    "execgate-wrapper": (["wrapper.c", "gate.c", "common.c"], []),
+    # static: no dynamic loader and no preloaded interposer in the wrapper itself, which every
+    # escalation and every patched-shell exec starts
+    "execgate-wrapper": (["wrapper.c", "gate.c", "common.c"], ["-static"]),
     "execgate-launch": (["launch.c", "sandbox.c", "common.c"], []),
 }
 

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -237,6 +238,37 @@ ssize_t eg_recv_frame(int sock, char *buf, size_t cap, int *fds, int *nfds, int 
         *nfds = 0;
         return r;
     }
+    return len;
+}
+
+ssize_t eg_recv_frame_mm(int sock, char *buf, size_t cap, char **payload, void **map,
+                         size_t *maplen)
+{
+    int nfds = 0;
+    *payload = NULL;
+    *map = NULL;
+    *maplen = 0;
+    ssize_t len = recv_header(sock, NULL, &nfds, 0, 1);
+    if (len < 0)
+        return len;
+    char *dst = buf;
+    if ((size_t)len > cap) {
+        void *m = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED)
+            return -ENOMEM;
+        *map = m;
+        *maplen = (size_t)len;
+        dst = m;
+    }
+    int r = eg_read_all(sock, dst, (size_t)len);
+    if (r < 0) {
+        if (*map)
+            munmap(*map, *maplen);
+        *map = NULL;
+        *maplen = 0;
+        return r;
+    }
+    *payload = dst;
     return len;
 }
 

@@ -46,6 +46,13 @@ int eg_send_frame(int sock, struct eg_buf *b, const int *fds, int nfds);
 ssize_t eg_recv_frame(int sock, char *buf, size_t cap, int *fds, int *nfds, int maxfds,
                       int retry_eintr);
 
+/* Receive one frame whose payload goes into buf when it fits in cap bytes, else into a fresh
+ * anonymous mapping (*map, *maplen: the caller munmaps it). *payload points at the payload.
+ * Descriptors that arrive are closed. Errors as eg_recv_frame (EINTR retried).
+ * Async-signal-safe (no malloc). */
+ssize_t eg_recv_frame_mm(int sock, char *buf, size_t cap, char **payload, void **map,
+                         size_t *maplen);
+
 /* Same, but the payload is malloc'ed (caller frees *out). Not for vfork children. */
 ssize_t eg_recv_frame_alloc(int sock, char **out, int *fds, int *nfds, int maxfds);
 

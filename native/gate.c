@@ -1,1 +1,1277 @@
-/* placeholder: replaced by the real implementation */
+/* The client side of the exec gate: resolve, snapshot fast path, ask, plan (see gate.h). */
+#include "gate.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common.h"
+
+struct eg_session eg_sess;
+
+/* ---------------------------------------------------------------- small helpers */
+
+const char *eg_basename(const char *path)
+{
+    const char *b = path;
+    for (const char *p = path; *p; p++)
+        if (*p == '/' && p[1])
+            b = p + 1;
+    return b;
+}
+
+static int eq(const char *a, const char *b) { return strcmp(a, b) == 0; }
+
+const char *eg_strerror(int err)
+{
+    switch (err) {
+    case 0: return "Success";
+    case EPERM: return "Operation not permitted";
+    case ENOENT: return "No such file or directory";
+    case EINTR: return "Interrupted system call";
+    case EIO: return "Input/output error";
+    case ENXIO: return "No such device or address";
+    case E2BIG: return "Argument list too long";
+    case ENOEXEC: return "Exec format error";
+    case EBADF: return "Bad file descriptor";
+    case EAGAIN: return "Resource temporarily unavailable";
+    case ENOMEM: return "Cannot allocate memory";
+    case EACCES: return "Permission denied";
+    case EFAULT: return "Bad address";
+    case ENOTDIR: return "Not a directory";
+    case EISDIR: return "Is a directory";
+    case EINVAL: return "Invalid argument";
+    case ENFILE: return "Too many open files in system";
+    case EMFILE: return "Too many open files";
+    case ETXTBSY: return "Text file busy";
+    case EPIPE: return "Broken pipe";
+    case ENAMETOOLONG: return "File name too long";
+    case ELOOP: return "Too many levels of symbolic links";
+    case ENODATA: return "No data available";
+    case EPROTO: return "Protocol error";
+    case EMSGSIZE: return "Message too long";
+    case ENOTSOCK: return "Socket operation on non-socket";
+    case ECONNRESET: return "Connection reset by peer";
+    case ECONNREFUSED: return "Connection refused";
+    case ETIMEDOUT: return "Connection timed out";
+    case ESTALE: return "Stale file handle";
+    case ENODEV: return "No such device";
+    case ENOSYS: return "Function not implemented";
+    default: return "Unknown error";
+    }
+}
+
+/* A bounded string builder on caller memory. */
+struct sb {
+    char *p;
+    size_t len, cap;
+};
+
+static void sb_put(struct sb *s, const char *t, size_t n)
+{
+    if (s->cap == 0)
+        return;
+    if (n > s->cap - 1 - s->len)
+        n = s->cap - 1 - s->len;
+    memcpy(s->p + s->len, t, n);
+    s->len += n;
+    s->p[s->len] = '\0';
+}
+
+static void sb_str(struct sb *s, const char *t) { sb_put(s, t, strlen(t)); }
+
+static int sb_full(const struct sb *s) { return s->len + 1 >= s->cap; }
+
+const char *eg_getenv(char *const *envp, const char *name)
+{
+    if (!envp)
+        return NULL;
+    size_t n = strlen(name);
+    for (; *envp; envp++)
+        if (strncmp(*envp, name, n) == 0 && (*envp)[n] == '=')
+            return *envp + n + 1;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- raw exec */
+
+int eg_sys_execve(const char *path, char *const *argv, char *const *envp)
+{
+    long r = syscall(SYS_execve, path, argv, envp);
+    return r < 0 ? -errno : 0;
+}
+
+int eg_sys_execveat(int dirfd, const char *path, char *const *argv, char *const *envp, int flags)
+{
+    long r = syscall(SYS_execveat, dirfd, path, argv, envp, flags);
+    return r < 0 ? -errno : 0;
+}
+
+int eg_exec_plan(const struct eg_plan *plan)
+{
+    int r;
+    switch (plan->how) {
+    case EG_HOW_FD:
+        r = eg_sys_execveat(plan->fd, "", plan->argv, plan->envp, AT_EMPTY_PATH);
+        break;
+    case EG_HOW_PATH:
+        if (plan->dirfd == AT_FDCWD && !plan->atflags)
+            r = eg_sys_execve(plan->path, plan->argv, plan->envp);
+        else
+            r = eg_sys_execveat(plan->dirfd, plan->path, plan->argv, plan->envp,
+                                plan->atflags & AT_SYMLINK_NOFOLLOW);
+        break;
+    case EG_HOW_CLAIM: {
+        char *claim[] = {(char *)"execgate-claim", (char *)plan->ticket, NULL};
+        r = eg_sys_execve(plan->path, claim, plan->envp);
+        break;
+    }
+    default:
+        r = -EINVAL;
+    }
+    return -r;
+}
+
+/* ---------------------------------------------------------------- denial lines */
+
+static void render_cmd(struct sb *s, char *const *argv, const char *path)
+{
+    enum { CMD_MAX = 240 };
+    size_t start = s->len;
+    int any = 0;
+    if (argv)
+        for (char *const *a = argv; *a; a++) {
+            if (any)
+                sb_put(s, " ", 1);
+            any = 1;
+            for (const unsigned char *c = (const unsigned char *)*a; *c; c++) {
+                char ch = (*c < 0x20 || *c == 0x7f) ? '?' : (char)*c;
+                sb_put(s, &ch, 1);
+                if (s->len - start > CMD_MAX)
+                    break;
+            }
+            if (s->len - start > CMD_MAX) {
+                sb_str(s, "...");
+                return;
+            }
+        }
+    if (!any)
+        sb_str(s, path && *path ? path : "(unknown program)");
+}
+
+void eg_deny_line(char *const *argv, const char *path, const char *reason, const char *detail)
+{
+    eg_deny_line_fd(2, argv, path, reason, detail);
+}
+
+void eg_deny_line_fd(int fd, char *const *argv, const char *path, const char *reason,
+                     const char *detail)
+{
+    char buf[1024];
+    struct sb s = {buf, 0, sizeof buf - 1};
+    buf[0] = '\0';
+    sb_str(&s, "execgate: denied: ");
+    render_cmd(&s, argv, path);
+    sb_str(&s, ": ");
+    sb_str(&s, reason);
+    if (detail)
+        sb_str(&s, detail);
+    buf[s.len++] = '\n';
+    eg_write_all(fd, buf, s.len);
+}
+
+static void write_message(const char *msg, size_t n)
+{
+    char nl = '\n';
+    if (n > 0 && msg[n - 1] == '\n')
+        n--;
+    char buf[1024];
+    if (n < sizeof buf) {
+        memcpy(buf, msg, n);
+        buf[n] = '\n';
+        eg_write_all(2, buf, n + 1);
+    } else {
+        eg_write_all(2, msg, n);
+        eg_write_all(2, &nl, 1);
+    }
+}
+
+/* ---------------------------------------------------------------- session */
+
+/* All the session's strings, packed so that loading touches as few pages as possible (every
+ * gated process runs this). */
+static char sess_arena[4 * EG_PATH + 512];
+static size_t sess_used;
+
+/* Copy "name=value" (name NULL: just value) into the arena; "" when it does not fit (never a
+ * truncated value, which might happen to be valid). */
+static const char *arena_put(const char *name, const char *value, size_t vlen)
+{
+    size_t nlen = name ? strlen(name) + 1 : 0;
+    if (nlen + vlen + 1 > sizeof sess_arena - sess_used) {
+        if (!name)
+            return "";
+        vlen = 0;
+        if (nlen + 1 > sizeof sess_arena - sess_used)
+            return "";
+    }
+    char *d = sess_arena + sess_used;
+    if (name) {
+        memcpy(d, name, nlen - 1);
+        d[nlen - 1] = '=';
+    }
+    memcpy(d + nlen, value, vlen);
+    d[nlen + vlen] = '\0';
+    sess_used += nlen + vlen + 1;
+    return d;
+}
+
+static const char *const gate_names[] = {
+    "EXECGATE_SOCKET", "EXECGATE_TOKEN", "EXECGATE_WRAPPER", "EXEC_WRAPPER",
+    "BASH_EXEC_WRAPPER", "LD_PRELOAD",
+};
+#define N_GATE_NAMES (sizeof gate_names / sizeof gate_names[0])
+
+static int is_gate_entry(const char *e)
+{
+    for (size_t i = 0; i < N_GATE_NAMES; i++) {
+        size_t n = strlen(gate_names[i]);
+        if (strncmp(e, gate_names[i], n) == 0 && e[n] == '=')
+            return 1;
+    }
+    return 0;
+}
+
+static int is_lower_hex(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return 0;
+    return 1;
+}
+
+void eg_session_load(char *const *envp, const char *preload_self)
+{
+    struct eg_session *S = &eg_sess;
+    const char *sock = eg_getenv(envp, "EXECGATE_SOCKET");
+    const char *token = eg_getenv(envp, "EXECGATE_TOKEN");
+    const char *wrapper = eg_getenv(envp, "EXECGATE_WRAPPER");
+    sess_used = 0;
+    S->ok = 0;
+    S->reason = "";
+    S->snap = S->wrapper = S->preload = "";
+    S->sock[0] = S->token[0] = '\0';
+
+    if (!sock || !*sock)
+        S->reason = "EXECGATE_SOCKET is not set";
+    else if (sock[0] != '/' || strlen(sock) >= EG_SUN_PATH)
+        S->reason = "EXECGATE_SOCKET is not an absolute socket path";
+    else if (!token || !*token)
+        S->reason = "EXECGATE_TOKEN is not set";
+    else if (strlen(token) != EG_TOKEN_LEN || !is_lower_hex(token, EG_TOKEN_LEN))
+        S->reason = "EXECGATE_TOKEN is malformed";
+    else
+        S->ok = 1;
+
+    if (S->ok) {
+        size_t n = strlen(sock);
+        memcpy(S->sock, sock, n + 1);
+        memcpy(S->token, token, EG_TOKEN_LEN + 1);
+        size_t dir = (size_t)(strrchr(S->sock, '/') - S->sock);
+        char snap[EG_SUN_PATH + sizeof "/policy.snap"];
+        memcpy(snap, S->sock, dir);
+        memcpy(snap + dir, "/policy.snap", sizeof "/policy.snap");
+        S->snap = arena_put(NULL, snap, strlen(snap));
+    }
+    if (wrapper && wrapper[0] == '/' && strlen(wrapper) < EG_PATH)
+        S->wrapper = arena_put(NULL, wrapper, strlen(wrapper));
+
+    static const char me[] = "libexecgate.so";
+    const size_t mlen = sizeof me - 1;
+    if (preload_self && *preload_self && strlen(preload_self) < EG_PATH) {
+        S->preload = arena_put(NULL, preload_self, strlen(preload_self));
+    } else {
+        /* the first absolute LD_PRELOAD entry that names us */
+        const char *lp = eg_getenv(envp, "LD_PRELOAD");
+        while (lp && *lp) {
+            while (*lp == ' ' || *lp == ':')
+                lp++;
+            const char *e = lp;
+            while (*e && *e != ' ' && *e != ':')
+                e++;
+            size_t n = (size_t)(e - lp);
+            if (n > mlen && n < EG_PATH && lp[0] == '/' && memcmp(e - mlen, me, mlen) == 0 &&
+                e[-(long)mlen - 1] == '/') {
+                S->preload = arena_put(NULL, lp, n);
+                break;
+            }
+            lp = e;
+        }
+    }
+
+    /* The entries re-added to every exec: the captured values, whatever they were, so a child
+     * can neither drop nor replace them (a missing one stays missing). */
+    S->nenv = 0;
+    if (sock)
+        S->env[S->nenv++] = arena_put("EXECGATE_SOCKET", sock, strlen(sock));
+    if (token)
+        S->env[S->nenv++] = arena_put("EXECGATE_TOKEN", token, strlen(token));
+    if (S->wrapper[0]) {
+        size_t n = strlen(S->wrapper);
+        S->env[S->nenv++] = arena_put("EXECGATE_WRAPPER", S->wrapper, n);
+        S->env[S->nenv++] = arena_put("EXEC_WRAPPER", S->wrapper, n);
+        S->env[S->nenv++] = arena_put("BASH_EXEC_WRAPPER", S->wrapper, n);
+    }
+}
+
+/* ---------------------------------------------------------------- environment re-injection */
+
+static int preload_token_is_ours(const char *t, size_t n)
+{
+    static const char me[] = "libexecgate.so";
+    size_t m = sizeof me - 1;
+    if (eg_sess.preload[0] && strlen(eg_sess.preload) == n &&
+        memcmp(t, eg_sess.preload, n) == 0)
+        return 1;
+    return n >= m && memcmp(t + n - m, me, m) == 0 && (n == m || t[n - m - 1] == '/');
+}
+
+size_t eg_env_size(char *const *envp)
+{
+    size_t count = 0;
+    const char *lp = NULL;
+    if (envp)
+        for (char *const *e = envp; *e; e++) {
+            count++;
+            if (strncmp(*e, "LD_PRELOAD=", 11) == 0)
+                lp = *e + 11;
+        }
+    size_t size = (count + N_GATE_NAMES + 2) * sizeof(char *);
+    size += sizeof "LD_PRELOAD=" + strlen(eg_sess.preload) + 1 + (lp ? strlen(lp) : 0) + 16;
+    return size;
+}
+
+char **eg_env_build(char *const *envp, void *mem, size_t cap)
+{
+    size_t count = 0;
+    const char *lp = NULL;
+    if (envp)
+        for (char *const *e = envp; *e; e++) {
+            count++;
+            if (strncmp(*e, "LD_PRELOAD=", 11) == 0)
+                lp = *e + 11;
+        }
+    size_t ptrs = (count + N_GATE_NAMES + 2) * sizeof(char *);
+    if (cap < ptrs + 16)
+        return NULL;
+    char **out = mem;
+    char *str = (char *)mem + ptrs;
+    size_t n = 0;
+    if (envp)
+        for (char *const *e = envp; *e && n < count; e++)
+            if (!is_gate_entry(*e))
+                out[n++] = *e;
+    for (int i = 0; i < eg_sess.nenv; i++)
+        out[n++] = (char *)eg_sess.env[i];
+
+    /* LD_PRELOAD: ours first, then the caller's other entries */
+    struct sb s = {str, 0, cap - ptrs};
+    if (eg_sess.preload[0]) {
+        sb_str(&s, "LD_PRELOAD=");
+        sb_str(&s, eg_sess.preload);
+        if (lp) {
+            const char *p = lp;
+            while (*p) {
+                while (*p == ' ' || *p == ':')
+                    p++;
+                const char *e = p;
+                while (*e && *e != ' ' && *e != ':')
+                    e++;
+                if (e > p && !preload_token_is_ours(p, (size_t)(e - p))) {
+                    sb_put(&s, " ", 1);
+                    sb_put(&s, p, (size_t)(e - p));
+                }
+                p = e;
+            }
+        }
+        if (sb_full(&s))
+            return NULL;
+        out[n++] = str;
+    } else if (lp) {
+        out[n++] = (char *)lp - 11; /* unknown own path: keep the caller's value */
+    }
+    out[n] = NULL;
+    return out;
+}
+
+/* ---------------------------------------------------------------- the program */
+
+enum kind { K_ELF, K_SCRIPT, K_OTHER, K_OPAQUE };
+
+struct prog {
+    int fd;       /* our descriptor (close-on-exec), or the caller's for fexecve */
+    int own_fd;   /* fd is ours to close */
+    enum kind kind;
+    unsigned long long dev, ino;
+    char *abs;          /* PATH */
+    char *real;         /* REALPATH, "" if unknown */
+    char names[2 * EG_PATH]; /* real, then abs: together, so the hot path touches one page */
+    char interp[256];
+    char interp_arg[256];
+};
+
+static void fd_link(char *out, int fd)
+{
+    char *p = out;
+    memcpy(p, "/proc/self/fd/", 14);
+    p += 14;
+    p += eg_fmt_long(p, fd);
+    *p = '\0';
+}
+
+static int read_link(int fd, char *out, size_t cap)
+{
+    char link[40];
+    fd_link(link, fd);
+    ssize_t n = readlink(link, out, cap - 1);
+    if (n < 0 || (size_t)n >= cap - 1) {
+        out[0] = '\0';
+        return -1;
+    }
+    out[n] = '\0';
+    return 0;
+}
+
+static int spacetab(char c) { return c == ' ' || c == '\t'; }
+
+/* binfmt_script's parser (fs/binfmt_script.c): buf is the first 256 bytes, zero padded. */
+static int parse_shebang(char *buf, size_t size, struct prog *p)
+{
+    if (buf[0] != '#' || buf[1] != '!')
+        return -1;
+    char *buf_end = buf + size - 1;
+    char *i_end = memchr(buf, '\n', size);
+    if (!i_end) {
+        char *q = buf + 2;
+        while (q < buf_end && spacetab(*q))
+            q++;
+        if (q >= buf_end)
+            return -1; /* all spaces */
+        char *t = q;
+        while (t < buf_end && !(spacetab(*t) || *t == '\0'))
+            t++;
+        if (t >= buf_end)
+            return -1; /* interpreter path truncated */
+        i_end = buf_end;
+    }
+    while (i_end > buf + 2 && spacetab(i_end[-1]))
+        i_end--;
+    char *i_name = buf + 2;
+    while (i_name < i_end && spacetab(*i_name))
+        i_name++;
+    if (i_name >= i_end)
+        return -1;
+    char *i_sep = i_name;
+    while (i_sep < i_end && !(spacetab(*i_sep) || *i_sep == '\0'))
+        i_sep++;
+    char *i_arg = NULL;
+    if (i_sep < i_end && *i_sep != '\0') {
+        i_arg = i_sep;
+        while (i_arg < i_end && spacetab(*i_arg))
+            i_arg++;
+        if (i_arg >= i_end)
+            i_arg = NULL;
+    }
+    *i_end = '\0';
+    if (i_sep < i_end)
+        *i_sep = '\0';
+    size_t n = strlen(i_name);
+    memcpy(p->interp, i_name, n + 1);
+    if (i_arg) {
+        n = strlen(i_arg);
+        memcpy(p->interp_arg, i_arg, n + 1);
+    }
+    return 0;
+}
+
+static void classify(struct prog *p, int readfd)
+{
+    char buf[256];
+    memset(buf, 0, sizeof buf);
+    ssize_t n;
+    do {
+        n = pread(readfd, buf, sizeof buf, 0);
+    } while (n < 0 && errno == EINTR);
+    p->interp[0] = p->interp_arg[0] = '\0';
+    if (n < 0) {
+        p->kind = K_OPAQUE;
+        return;
+    }
+    if (n >= 4 && memcmp(buf, "\177ELF", 4) == 0)
+        p->kind = K_ELF;
+    else if (n >= 2 && parse_shebang(buf, sizeof buf, p) == 0)
+        p->kind = K_SCRIPT;
+    else
+        p->kind = K_OTHER;
+}
+
+/* Join dir + "/" + rel into out; 0 or -ENAMETOOLONG. */
+static int join(char *out, const char *dir, const char *rel)
+{
+    size_t a = strlen(dir), b = strlen(rel);
+    if (a + 1 + b + 1 > EG_PATH)
+        return -ENAMETOOLONG;
+    memcpy(out, dir, a);
+    size_t i = a;
+    if (a == 0 || dir[a - 1] != '/')
+        out[i++] = '/';
+    memcpy(out + i, rel, b + 1);
+    return 0;
+}
+
+/* Open the program as the kernel would find it. 0 or an errno the kernel would give. */
+static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *path, int fd_in,
+                     int atflags)
+{
+    struct stat st;
+    p->fd = -1;
+    p->own_fd = 0;
+    p->kind = K_OPAQUE;
+    p->dev = p->ino = 0;
+    p->real = p->names;
+    p->abs = p->names + EG_PATH; /* moved next to real once real is known */
+    p->real[0] = p->abs[0] = p->interp[0] = p->interp_arg[0] = '\0';
+
+    if (!path || (!*path && (atflags & AT_EMPTY_PATH))) {
+        /* fexecve / execveat(fd, "", AT_EMPTY_PATH) */
+        int fd = path ? dirfd : fd_in;
+        if (fd < 0 || fstat(fd, &st) < 0)
+            return EBADF;
+        if (!S_ISREG(st.st_mode) || !(st.st_mode & 0111))
+            return EACCES;
+        p->fd = fd;
+        read_link(fd, p->real, EG_PATH);
+        p->abs = p->real;
+        char link[40];
+        fd_link(link, fd);
+        int r = open(link, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        if (r >= 0) {
+            struct stat st2;
+            if (fstat(r, &st2) == 0 && st2.st_dev == st.st_dev && st2.st_ino == st.st_ino)
+                classify(p, r);
+            else
+                p->kind = K_OPAQUE;
+            close(r);
+        } else {
+            p->kind = K_OPAQUE;
+        }
+        p->dev = (unsigned long long)st.st_dev;
+        p->ino = (unsigned long long)st.st_ino;
+        return 0;
+    }
+
+    if (!*path)
+        return ENOENT;
+    size_t plen = strnlen(path, PATH_MAX);
+    if (plen >= PATH_MAX)
+        return ENAMETOOLONG;
+    /* Open it once, for reading the header and for executing it. O_NONBLOCK: a FIFO must not
+     * block us (it is refused below, as the kernel would). A file we may not read (mode --x)
+     * is opened O_PATH: the kernel can still execute that descriptor. */
+    int nofollow = (atflags & AT_SYMLINK_NOFOLLOW) ? O_NOFOLLOW : 0;
+    int fd = openat(dirfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | nofollow);
+    int readable = fd >= 0;
+    if (fd < 0) {
+        int e = errno;
+        if (e != EACCES && e != ENXIO && e != EOPNOTSUPP && e != ELOOP && e != EPERM)
+            return e;
+        fd = openat(dirfd, path, O_PATH | O_CLOEXEC | nofollow);
+        if (fd < 0)
+            return errno;
+    }
+    if (fstat(fd, &st) < 0) {
+        int e = errno;
+        close(fd);
+        return e;
+    }
+    if (S_ISLNK(st.st_mode)) { /* O_PATH|O_NOFOLLOW opened the link itself */
+        close(fd);
+        return ELOOP;
+    }
+    if (!S_ISREG(st.st_mode) || !(st.st_mode & 0111)) {
+        close(fd);
+        return EACCES;
+    }
+    p->dev = (unsigned long long)st.st_dev;
+    p->ino = (unsigned long long)st.st_ino;
+    p->fd = fd;
+    if (readable)
+        classify(p, fd);
+    else
+        p->kind = K_OPAQUE;
+    p->own_fd = 1;
+    read_link(p->fd, p->real, EG_PATH);
+    p->abs = p->real + strlen(p->real) + 1;
+
+    if (path[0] == '/') {
+        memcpy(p->abs, path, plen + 1);
+    } else if (dirfd == AT_FDCWD) {
+        if (!cwd[0] || join(p->abs, cwd, path) < 0)
+            memcpy(p->abs, path, plen + 1);
+    } else {
+        char dir[EG_PATH];
+        if (read_link(dirfd, dir, sizeof dir) < 0 || join(p->abs, dir, path) < 0)
+            memcpy(p->abs, path, plen + 1);
+    }
+    return 0;
+}
+
+static void prog_close(struct prog *p)
+{
+    if (p->own_fd && p->fd >= 0)
+        close(p->fd);
+    p->fd = -1;
+    p->own_fd = 0;
+}
+
+/* ---------------------------------------------------------------- snapshot (§6) */
+
+#define SNAP_HEADER 64
+#define SNAP_ASK_ALWAYS 1u
+#define SNAP_SLOTS 32
+
+struct snap_map {
+    const unsigned char *base;
+    size_t size;
+    unsigned long long dev, ino;
+    long long mtime_sec, mtime_nsec, st_size;
+    int valid;          /* well-formed */
+    unsigned flags;
+    uint32_t names, files;
+    uint64_t names_off, files_off;
+};
+
+static struct snap_map snap_slots[SNAP_SLOTS];
+static int snap_cur = -1;  /* index of the newest published slot (atomic) */
+static int snap_used = 0;  /* slots handed out so far (atomic) */
+
+static uint32_t le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t le64(const unsigned char *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
+
+static uint64_t fnv1a(const char *s, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < n; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+static void snap_validate(struct snap_map *m)
+{
+    const unsigned char *b = m->base;
+    m->valid = 0;
+    if (m->size < SNAP_HEADER || memcmp(b, "EGSNAP1\0", 8) != 0)
+        return;
+    m->flags = le32(b + 8);
+    m->names = le32(b + 12);
+    m->files = le32(b + 16);
+    m->names_off = le64(b + 24);
+    m->files_off = le64(b + 32);
+    if (m->flags & ~SNAP_ASK_ALWAYS)
+        return; /* a flag we do not know: do not guess */
+    if (le32(b + 20) != 0)
+        return;
+    for (int i = 40; i < 64; i++)
+        if (b[i])
+            return;
+    uint64_t size = m->size;
+    if (m->names_off > size || (uint64_t)m->names * 8 > size - m->names_off)
+        return;
+    if (m->files_off > size || (uint64_t)m->files * 16 > size - m->files_off)
+        return;
+    /* sorted, or a binary search could miss a name and run what should have asked */
+    for (uint32_t i = 1; i < m->names; i++)
+        if (le64(b + m->names_off + 8 * (i - 1)) > le64(b + m->names_off + 8 * i))
+            return;
+    for (uint32_t i = 1; i < m->files; i++) {
+        const unsigned char *x = b + m->files_off + 16 * (i - 1), *y = x + 16;
+        uint64_t xd = le64(x), yd = le64(y), xi = le64(x + 8), yi = le64(y + 8);
+        if (xd > yd || (xd == yd && xi > yi))
+            return;
+    }
+    m->valid = 1;
+}
+
+static int snap_has_name(const struct snap_map *m, const char *s, size_t n)
+{
+    uint64_t h = fnv1a(s, n);
+    const unsigned char *base = m->base + m->names_off;
+    uint32_t lo = 0, hi = m->names;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        uint64_t v = le64(base + 8 * (uint64_t)mid);
+        if (v == h)
+            return 1;
+        if (v < h)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0;
+}
+
+static int snap_has_file(const struct snap_map *m, uint64_t dev, uint64_t ino)
+{
+    const unsigned char *base = m->base + m->files_off;
+    uint32_t lo = 0, hi = m->files;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        uint64_t d = le64(base + 16 * (uint64_t)mid), i = le64(base + 16 * (uint64_t)mid + 8);
+        if (d == dev && i == ino)
+            return 1;
+        if (d < dev || (d == dev && i < ino))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0;
+}
+
+static int snap_name_str(const struct snap_map *m, const char *s)
+{
+    return *s && snap_has_name(m, s, strlen(s));
+}
+
+/* Does the program need a round trip? 1 = ask, 0 = run without asking. */
+static int snap_match(const struct snap_map *m, const struct prog *p)
+{
+    if (!m->valid || (m->flags & SNAP_ASK_ALWAYS))
+        return 1;
+    if (snap_has_file(m, p->dev, p->ino))
+        return 1;
+    if (snap_name_str(m, p->abs) || snap_name_str(m, eg_basename(p->abs)))
+        return 1;
+    if (snap_name_str(m, p->real) || snap_name_str(m, eg_basename(p->real)))
+        return 1;
+    if (p->kind == K_SCRIPT &&
+        (snap_name_str(m, p->interp) || snap_name_str(m, eg_basename(p->interp))))
+        return 1;
+    return 0;
+}
+
+static int same_snap(const struct snap_map *m, const struct stat *st)
+{
+    return m->dev == (unsigned long long)st->st_dev && m->ino == (unsigned long long)st->st_ino &&
+           m->st_size == (long long)st->st_size && m->mtime_sec == (long long)st->st_mtim.tv_sec &&
+           m->mtime_nsec == (long long)st->st_mtim.tv_nsec;
+}
+
+/* 1 = ask the server, 0 = the snapshot says nobody cares about this program. */
+static int snap_needs_ask(const struct prog *p)
+{
+    if (!eg_sess.snap[0] || !p->real[0])
+        return 1; /* without REALPATH (no /proc) the snapshot cannot be checked fully */
+    int cur = __atomic_load_n(&snap_cur, __ATOMIC_ACQUIRE);
+    if (cur >= 0) {
+        struct stat st;
+        if (stat(eg_sess.snap, &st) < 0)
+            return 1;
+        if (same_snap(&snap_slots[cur], &st))
+            return snap_match(&snap_slots[cur], p);
+    }
+
+    /* a new snapshot: map it (mappings are never unmapped once published: other threads, or
+     * the parent of a vfork child, may be reading them) */
+    int fd = open(eg_sess.snap, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0)
+        return 1;
+    struct stat fst;
+    if (fstat(fd, &fst) < 0 || !S_ISREG(fst.st_mode) || fst.st_size < SNAP_HEADER ||
+        fst.st_size > (1LL << 30)) {
+        close(fd);
+        return 1;
+    }
+    void *base = mmap(NULL, (size_t)fst.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED)
+        return 1;
+    struct snap_map tmp = {
+        .base = base,
+        .size = (size_t)fst.st_size,
+        .dev = (unsigned long long)fst.st_dev,
+        .ino = (unsigned long long)fst.st_ino,
+        .mtime_sec = (long long)fst.st_mtim.tv_sec,
+        .mtime_nsec = (long long)fst.st_mtim.tv_nsec,
+        .st_size = (long long)fst.st_size,
+    };
+    snap_validate(&tmp);
+    int ask = snap_match(&tmp, p);
+    int idx = __atomic_fetch_add(&snap_used, 1, __ATOMIC_ACQ_REL);
+    if (idx < SNAP_SLOTS) {
+        snap_slots[idx] = tmp;
+        __atomic_store_n(&snap_cur, idx, __ATOMIC_RELEASE);
+    } else {
+        munmap(base, tmp.size); /* out of slots: no caching from now on */
+    }
+    return ask;
+}
+
+/* ---------------------------------------------------------------- asking the server */
+
+enum verdict { V_RUN, V_DENY, V_ESCALATE, V_ERROR };
+
+struct answer {
+    enum verdict v;
+    const char *text;   /* deny: message; escalate: ticket; error: reason */
+    size_t text_len;
+    char reason[EG_SUN_PATH + 128];
+};
+
+#define ANSWER_CAP 4096
+
+static void set_error(struct answer *a, const char *what, const char *detail, int err)
+{
+    struct sb s = {a->reason, 0, sizeof a->reason};
+    a->reason[0] = '\0';
+    sb_str(&s, what);
+    if (detail || err) {
+        sb_str(&s, " (");
+        if (detail) {
+            sb_str(&s, detail);
+            if (err)
+                sb_str(&s, ": ");
+        }
+        if (err)
+            sb_str(&s, eg_strerror(err));
+        sb_str(&s, ")");
+    }
+    a->v = V_ERROR;
+    a->text = a->reason;
+    a->text_len = s.len;
+}
+
+static size_t request_size(const struct eg_call *c, const struct prog *p, const char *cwd,
+                           char *const *argv, size_t *argc_out)
+{
+    size_t n = EG_HEADER + 4 + 5 + EG_TOKEN_LEN + 1 + strlen(c->via) + 1 + 2 * 24 + strlen(cwd) +
+               1 + strlen(p->abs) + 1 + strlen(p->real) + 1 + 2 * 24 + strlen(p->interp) + 1 +
+               strlen(p->interp_arg) + 1 + 24;
+    size_t argc = 0;
+    if (argv)
+        for (; argv[argc]; argc++)
+            n += strlen(argv[argc]) + 1;
+    *argc_out = argc;
+    return n + 64;
+}
+
+/* Build the request in buf, ask, parse. On V_RUN, *argv_copy holds the argv the server saw
+ * (pointing into buf). */
+static void ask(const struct eg_call *c, const struct prog *p, const char *cwd, char *const *argv,
+                size_t argc, char *buf, size_t cap, char **argv_copy, char *ans, struct answer *a,
+                void **ans_map, size_t *ans_maplen)
+{
+    struct eg_buf b;
+    eg_buf_init(&b, buf, cap);
+    eg_put(&b, EG_TAG);
+    eg_put(&b, "exec");
+    eg_put(&b, eg_sess.token);
+    eg_put(&b, c->via);
+    eg_put_long(&b, getpid());
+    eg_put_long(&b, getppid());
+    eg_put(&b, cwd);
+    eg_put(&b, p->abs);
+    eg_put(&b, p->real);
+    eg_put_ulong(&b, p->dev);
+    eg_put_ulong(&b, p->ino);
+    eg_put(&b, p->interp);
+    eg_put(&b, p->interp_arg);
+    eg_put_ulong(&b, argc);
+    for (size_t i = 0; i < argc; i++) {
+        size_t at = b.len;
+        const char *s = argv[i];
+        if (!s) { /* another thread shortened argv under us */
+            b.overflow = 1;
+            break;
+        }
+        eg_put(&b, s);
+        argv_copy[i] = b.data + at;
+    }
+    argv_copy[argc] = NULL;
+    if (b.overflow) {
+        set_error(a, "argument list changed while it was being read", NULL, 0);
+        return;
+    }
+
+    int sock = eg_connect(eg_sess.sock);
+    if (sock < 0) {
+        set_error(a, "execgate server unreachable", eg_sess.sock, -sock);
+        return;
+    }
+    int r = eg_send_frame(sock, &b, NULL, 0);
+    if (r < 0) {
+        set_error(a, "cannot send the request to the execgate server", NULL, -r);
+        close(sock);
+        return;
+    }
+    char *payload;
+    ssize_t len = eg_recv_frame_mm(sock, ans, ANSWER_CAP, &payload, ans_map, ans_maplen);
+    close(sock);
+    if (len == -ENODATA) {
+        set_error(a, "the execgate server closed the connection without answering", NULL, 0);
+        return;
+    }
+    if (len == -ECONNRESET) {
+        set_error(a, "the execgate server closed the connection in the middle of its answer",
+                  NULL, 0);
+        return;
+    }
+    if (len == -EMSGSIZE || len == -EPROTO) {
+        set_error(a, "malformed answer from the execgate server",
+                  len == -EMSGSIZE ? "too large" : "empty", 0);
+        return;
+    }
+    if (len < 0) {
+        set_error(a, "no answer from the execgate server", NULL, (int)-len);
+        return;
+    }
+    struct eg_fields f;
+    eg_fields_init(&f, payload, (size_t)len);
+    size_t n0, n1, n2 = 0;
+    const char *tag = eg_next(&f, &n0);
+    const char *kind = eg_next(&f, &n1);
+    if (!tag || !kind || !eq(tag, EG_TAG) || payload[len - 1] != '\0') {
+        set_error(a, "malformed answer from the execgate server", NULL, 0);
+        return;
+    }
+    if (eq(kind, "run") && eg_fields_done(&f)) {
+        a->v = V_RUN;
+        return;
+    }
+    const char *arg = eg_next(&f, &n2);
+    if (arg && eg_fields_done(&f)) {
+        if (eq(kind, "deny")) {
+            a->v = V_DENY;
+            a->text = arg;
+            a->text_len = n2;
+            return;
+        }
+        if (eq(kind, "escalate") && n2 > 0 && n2 < 256) {
+            a->v = V_ESCALATE;
+            a->text = arg;
+            a->text_len = n2;
+            return;
+        }
+    }
+    set_error(a, "malformed answer from the execgate server", NULL, 0);
+}
+
+/* ---------------------------------------------------------------- one attempt */
+
+struct work {
+    char cwd[EG_PATH];
+    int have_cwd;
+    char *const *envp;  /* re-injected environment */
+};
+
+static const char *get_cwd(struct work *w)
+{
+    if (!w->have_cwd) {
+        if (!getcwd(w->cwd, sizeof w->cwd))
+            w->cwd[0] = '\0';
+        w->have_cwd = 1;
+    }
+    return w->cwd;
+}
+
+#define STACK_MAX (64 * 1024)
+
+/* The file the server denied last in this process (pid 0: none). */
+static struct {
+    pid_t pid;
+    unsigned long long dev, ino;
+} last_denied;
+
+/* Scripts run by path (the interpreter needs it). Narrow the window in which the path could be
+ * made to name another file: right before the exec, it must still be the file that was checked
+ * (the kernel executes whatever the path names then; see docs/protocol.md §3). */
+static int path_still_same(const struct eg_plan *plan, const struct prog *p)
+{
+    if (plan->how != EG_HOW_PATH)
+        return 1;
+    struct stat st;
+    if (fstatat(plan->dirfd, plan->path, &st, plan->atflags & AT_SYMLINK_NOFOLLOW) < 0)
+        return 0;
+    return (unsigned long long)st.st_dev == p->dev && (unsigned long long)st.st_ino == p->ino;
+}
+
+static int run_checked(struct eg_call *c, eg_run_fn run, void *ctx, const struct eg_plan *plan,
+                       const struct prog *p, char *const *argv)
+{
+    if (!path_still_same(plan, p)) {
+        eg_deny_line(argv, p->abs, "the program was replaced while it was being checked", NULL);
+        c->denied = 1;
+        return EACCES;
+    }
+    return run(ctx, plan);
+}
+
+static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *path, int atflags,
+                   char *const *argv, eg_run_fn run, void *ctx)
+{
+    struct prog p;
+    const char *cwd = "";
+    if (path && path[0] != '/' && dirfd == AT_FDCWD)
+        cwd = get_cwd(w);
+    int err = prog_open(&p, cwd, dirfd, path, c->fd, atflags);
+    if (err)
+        return err;
+
+    struct eg_plan plan = {.fd = p.fd, .path = path, .dirfd = dirfd, .atflags = atflags,
+                           .argv = argv, .envp = w->envp};
+    /* ELF and anything not readable (no interpreter can read it either) run from the very
+     * descriptor that was checked; scripts by path (the interpreter gets the path as $0);
+     * other formats (binfmt_misc) by descriptor too, so nothing swapped in can run. */
+    plan.how = p.kind == K_SCRIPT ? EG_HOW_PATH : EG_HOW_FD;
+    if (!path || !*path) { /* fexecve: only the descriptor exists */
+        plan.how = EG_HOW_FD;
+        plan.path = NULL;
+    }
+
+    /* The wrapper is a gate itself: exec it with the gate environment, it asks on its own. */
+    if (eg_sess.wrapper[0] && p.real[0] && eq(p.real, eg_sess.wrapper)) {
+        err = run_checked(c, run, ctx, &plan, &p, argv);
+        prog_close(&p);
+        return err;
+    }
+
+    /* A caller that searches PATH itself (dash, Python's os.execvp) tries the next directory
+     * after a denial, which often holds the same file (/usr/bin/rm and /bin/rm): refuse that
+     * very next attempt on the same file without asking (and prompting) again. */
+    if (__atomic_load_n(&last_denied.pid, __ATOMIC_RELAXED) != 0) {
+        pid_t pid = getpid();
+        int same = last_denied.pid == pid && last_denied.dev == p.dev && last_denied.ino == p.ino;
+        __atomic_store_n(&last_denied.pid, 0, __ATOMIC_RELAXED);
+        if (same) {
+            prog_close(&p);
+            c->denied = 1;
+            return EACCES;
+        }
+    }
+
+    if (!snap_needs_ask(&p)) {
+        err = run_checked(c, run, ctx, &plan, &p, argv);
+        prog_close(&p);
+        return err;
+    }
+
+    cwd = get_cwd(w);
+    size_t argc;
+    size_t need = request_size(c, &p, cwd, argv, &argc);
+    size_t ptrs = (argc + 1) * sizeof(char *);
+    size_t total = ptrs + need + ANSWER_CAP;
+    void *map = NULL;
+    char vla[total <= STACK_MAX ? total : 1] __attribute__((aligned(16)));
+    char *mem = vla;
+    if (total > STACK_MAX) {
+        map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (map == MAP_FAILED) {
+            prog_close(&p);
+            eg_deny_line(argv, path ? path : p.abs, "out of memory", NULL);
+            c->denied = 1;
+            return EACCES;
+        }
+        mem = map;
+    }
+    char **argv_copy = (char **)mem;
+    char *frame = mem + ptrs;
+    char *ans = frame + need;
+    struct answer a = {.v = V_ERROR};
+    void *ans_map = NULL;
+    size_t ans_maplen = 0;
+    ask(c, &p, cwd, argv, argc, frame, need, argv_copy, ans, &a, &ans_map, &ans_maplen);
+
+    switch (a.v) {
+    case V_RUN:
+        plan.argv = argv_copy;
+        err = run_checked(c, run, ctx, &plan, &p, argv);
+        break;
+    case V_DENY:
+        write_message(a.text, a.text_len);
+        c->denied = 1;
+        err = EACCES;
+        last_denied.dev = p.dev;
+        last_denied.ino = p.ino;
+        __atomic_store_n(&last_denied.pid, getpid(), __ATOMIC_RELAXED);
+        break;
+    case V_ESCALATE:
+        if (!eg_sess.wrapper[0]) {
+            eg_deny_line(argv, p.abs, "escalation needs EXECGATE_WRAPPER, which is not set", NULL);
+            c->denied = 1;
+            err = EACCES;
+            break;
+        }
+        plan.how = EG_HOW_CLAIM;
+        plan.path = eg_sess.wrapper;
+        plan.ticket = a.text;
+        plan.argv = argv_copy;
+        err = run(ctx, &plan);
+        if (err) {
+            char detail[EG_PATH + 64];
+            struct sb s = {detail, 0, sizeof detail};
+            detail[0] = '\0';
+            sb_str(&s, " (");
+            sb_str(&s, eg_sess.wrapper);
+            sb_str(&s, ": ");
+            sb_str(&s, eg_strerror(err));
+            sb_str(&s, ")");
+            eg_deny_line(argv, p.abs, "cannot start the execgate wrapper", detail);
+            c->denied = 1;
+            err = EACCES;
+        }
+        break;
+    default:
+        eg_deny_line(argv, p.abs, a.reason, NULL);
+        c->denied = 1;
+        err = EACCES;
+        break;
+    }
+    if (ans_map)
+        munmap(ans_map, ans_maplen);
+    if (map)
+        munmap(map, total);
+    prog_close(&p);
+    return err;
+}
+
+/* glibc's maybe_script_execute: /bin/sh FILE ARGV[1..], itself gated. */
+static int sh_fallback(struct eg_call *c, struct work *w, const char *file, char *const *argv,
+                       eg_run_fn run, void *ctx)
+{
+    size_t argc = 0;
+    if (argv)
+        while (argv[argc])
+            argc++;
+    size_t n = (argc > 1 ? argc : 1) + 2;
+    size_t bytes = n * sizeof(char *);
+    void *map = NULL;
+    char *vla[bytes <= STACK_MAX ? n : 1];
+    char **nargv = vla;
+    if (bytes > STACK_MAX) {
+        map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (map == MAP_FAILED)
+            return ENOMEM;
+        nargv = map;
+    }
+    nargv[0] = (char *)"/bin/sh";
+    nargv[1] = (char *)file;
+    size_t i = 2;
+    for (size_t k = 1; k < argc; k++)
+        nargv[i++] = argv[k];
+    nargv[i] = NULL;
+    int r = attempt(c, w, AT_FDCWD, "/bin/sh", 0, nargv, run, ctx);
+    if (map)
+        munmap(map, bytes);
+    return r;
+}
+
+static int search(struct eg_call *c, struct work *w, eg_run_fn run, void *ctx)
+{
+    const char *file = c->path;
+    size_t flen = strlen(file);
+    if (flen > NAME_MAX)
+        return ENAMETOOLONG;
+    const char *sp = c->search_path ? c->search_path : "/bin:/usr/bin";
+    char cand[EG_PATH];
+    int got_eacces = 0, last = ENOENT;
+    for (const char *p = sp;; ) {
+        const char *sub = strchrnul(p, ':');
+        size_t elen = (size_t)(sub - p);
+        if (elen + 1 + flen + 1 <= sizeof cand) {
+            memcpy(cand, p, elen);
+            size_t at = elen;
+            if (elen)
+                cand[at++] = '/';
+            memcpy(cand + at, file, flen + 1);
+            int r = attempt(c, w, AT_FDCWD, cand, 0, c->argv, run, ctx);
+            if (r == ENOEXEC && c->sh_fallback && !c->denied)
+                r = sh_fallback(c, w, cand, c->argv, run, ctx);
+            if (r == 0 || c->denied)
+                return r;
+            switch (r) {
+            case EACCES:
+                got_eacces = 1;
+                /* fallthrough */
+            case ENOENT:
+            case ESTALE:
+            case ENOTDIR:
+            case ENODEV:
+            case ETIMEDOUT:
+                last = r;
+                break;
+            default:
+                return r;
+            }
+        }
+        if (!*sub)
+            break;
+        p = sub + 1;
+    }
+    return got_eacces ? EACCES : last;
+}
+
+int eg_gate(struct eg_call *c, eg_run_fn run, void *ctx)
+{
+    c->denied = 0;
+    if (!eg_sess.ok) {
+        eg_deny_line(c->argv, c->path, "no execgate session: ", eg_sess.reason);
+        c->denied = 1;
+        return EACCES;
+    }
+    struct work w;
+    w.have_cwd = 0;
+    w.cwd[0] = '\0';
+
+    size_t esz = eg_env_size(c->envp);
+    void *map = NULL;
+    char vla[esz <= STACK_MAX ? esz : 1] __attribute__((aligned(16)));
+    void *mem = vla;
+    if (esz > STACK_MAX) {
+        map = mmap(NULL, esz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (map == MAP_FAILED) {
+            eg_deny_line(c->argv, c->path, "out of memory", NULL);
+            c->denied = 1;
+            return EACCES;
+        }
+        mem = map;
+    }
+    w.envp = eg_env_build(c->envp, mem, esz);
+    int r;
+    if (!w.envp) {
+        eg_deny_line(c->argv, c->path, "environment changed while it was being read", NULL);
+        c->denied = 1;
+        r = EACCES;
+    } else if (!c->path || !c->search || strchr(c->path, '/')) {
+        r = attempt(c, &w, c->dirfd, c->path, c->atflags, c->argv, run, ctx);
+        if (r == ENOEXEC && c->sh_fallback && !c->denied && c->path)
+            r = sh_fallback(c, &w, c->path, c->argv, run, ctx);
+    } else if (!*c->path) {
+        r = ENOENT;
+    } else {
+        r = search(c, &w, run, ctx);
+    }
+    if (map)
+        munmap(map, esz);
+    return r;
+}

@@ -1,1 +1,509 @@
-/* placeholder: replaced by the real implementation */
+/* libexecgate.so: the LD_PRELOAD exec interposer (docs/protocol.md §1, §3).
+ *
+ * Every way a dynamically linked program can start another program goes through eg_gate():
+ * the eleven exec/spawn entry points (glibc's execvp & co. call the internal __execve, so each
+ * needs its own interposer), and system()/popen(), which glibc implements with its internal,
+ * non-interposable posix_spawn and which are therefore re-implemented here on top of the gated
+ * one.
+ *
+ * The exec path is async-signal-safe and vfork-safe: no malloc, no stdio, no locks; the real
+ * posix_spawn/pclose are resolved in the constructor (dlsym is not safe in a vfork child), and
+ * execs are raw syscalls (so nothing here is re-entered).
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/auxv.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "gate.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+extern char **environ;
+
+typedef int (*spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t *,
+                        const posix_spawnattr_t *, char *const[], char *const[]);
+typedef int (*pclose_fn)(FILE *);
+
+static spawn_fn real_posix_spawn;
+static pclose_fn real_pclose;
+
+/* ---------------------------------------------------------------- load */
+
+/* After an exec by descriptor (execveat AT_EMPTY_PATH, or posix_spawn of /proc/self/fd/N) older
+ * kernels name the process after the descriptor number; give it back the name an exec by path
+ * would have given: the basename of the program as invoked (argv[0]). */
+static void restore_comm(char **argv)
+{
+    const char *fn = (const char *)getauxval(AT_EXECFN);
+    if (!fn || (strncmp(fn, "/dev/fd/", 8) != 0 && strncmp(fn, "/proc/self/fd/", 14) != 0))
+        return;
+    char comm[17] = {0};
+    if (prctl(PR_GET_NAME, comm, 0, 0, 0) != 0 || !comm[0])
+        return;
+    for (const char *c = comm; *c; c++)
+        if (*c < '0' || *c > '9')
+            return; /* the kernel already named it after the file (Linux >= 6.14) */
+    if (argv && argv[0] && argv[0][0]) {
+        const char *name = eg_basename(argv[0]);
+        if (*name)
+            prctl(PR_SET_NAME, name, 0, 0, 0);
+    }
+}
+
+__attribute__((constructor)) static void execgate_init(int argc, char **argv, char **envp)
+{
+    real_posix_spawn = (spawn_fn)dlsym(RTLD_NEXT, "posix_spawn");
+    real_pclose = (pclose_fn)dlsym(RTLD_NEXT, "pclose");
+    Dl_info info;
+    const char *self = NULL;
+    if (dladdr((void *)execgate_init, &info) && info.dli_fname && info.dli_fname[0] == '/')
+        self = info.dli_fname;
+    eg_session_load(envp ? envp : environ, self);
+    restore_comm(argv);
+}
+
+/* ---------------------------------------------------------------- the exec family */
+
+/* glibc declares most of these arguments nonnull; callers pass NULL anyway (execl(p, NULL)),
+ * so hide the pointer from the optimizer before testing it. */
+static inline const void *launder(const void *p)
+{
+    __asm__("" : "+r"(p));
+    return p;
+}
+
+static int exec_run(void *ctx, const struct eg_plan *plan) { return eg_exec_plan(plan); }
+
+static int exec_call(struct eg_call *c)
+{
+    if (!launder(c->path) && c->fd < 0) {
+        errno = EFAULT;
+        return -1;
+    }
+    int r = eg_gate(c, exec_run, NULL);
+    errno = r ? r : EINVAL;
+    return -1;
+}
+
+static const char *caller_path(void) { return eg_getenv(environ, "PATH"); }
+
+EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+    struct eg_call c = {.via = "execve", .dirfd = AT_FDCWD, .path = path, .fd = -1,
+                        .argv = argv, .envp = envp};
+    return exec_call(&c);
+}
+
+EXPORT int execv(const char *path, char *const argv[])
+{
+    struct eg_call c = {.via = "execv", .dirfd = AT_FDCWD, .path = path, .fd = -1,
+                        .argv = argv, .envp = environ};
+    return exec_call(&c);
+}
+
+EXPORT int execvp(const char *file, char *const argv[])
+{
+    struct eg_call c = {.via = "execvp", .dirfd = AT_FDCWD, .path = file, .fd = -1,
+                        .search = 1, .sh_fallback = 1, .search_path = caller_path(),
+                        .argv = argv, .envp = environ};
+    return exec_call(&c);
+}
+
+EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+    struct eg_call c = {.via = "execvpe", .dirfd = AT_FDCWD, .path = file, .fd = -1,
+                        .search = 1, .sh_fallback = 1, .search_path = caller_path(),
+                        .argv = argv, .envp = envp};
+    return exec_call(&c);
+}
+
+EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[],
+                    int flags)
+{
+    if (flags & ~(AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (!launder(path)) {
+        errno = EFAULT;
+        return -1;
+    }
+    struct eg_call c = {.via = "execveat", .dirfd = dirfd, .path = path, .fd = -1,
+                        .atflags = flags, .argv = argv, .envp = envp};
+    return exec_call(&c);
+}
+
+EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
+{
+    if (fd < 0 || !launder(argv) || !launder(envp)) {
+        errno = fd < 0 ? EBADF : EINVAL;
+        return -1;
+    }
+    struct eg_call c = {.via = "fexecve", .dirfd = AT_FDCWD, .path = NULL, .fd = fd,
+                        .argv = argv, .envp = envp};
+    return exec_call(&c);
+}
+
+/* execl*: collect the variadic arguments into an array on the stack. */
+#define COUNT_ARGS(last, n)                                                                   \
+    do {                                                                                      \
+        va_list ap_;                                                                          \
+        va_start(ap_, last);                                                                  \
+        n = launder(last) ? 1 : 0;                                                            \
+        if (n)                                                                                \
+            while (va_arg(ap_, char *))                                                       \
+                n++;                                                                          \
+        va_end(ap_);                                                                          \
+    } while (0)
+
+#define COLLECT_ARGS(last, n, argv, envp_out)                                                 \
+    do {                                                                                      \
+        va_list ap_;                                                                          \
+        va_start(ap_, last);                                                                  \
+        argv[0] = (char *)last;                                                               \
+        for (size_t i_ = 1; i_ < n; i_++)                                                     \
+            argv[i_] = va_arg(ap_, char *);                                                   \
+        argv[n] = NULL;                                                                       \
+        if (n)                                                                                \
+            (void)va_arg(ap_, char *); /* the terminating NULL */                             \
+        envp_out = va_arg(ap_, char **);                                                      \
+        va_end(ap_);                                                                          \
+    } while (0)
+
+EXPORT int execl(const char *path, const char *arg, ...)
+{
+    size_t n;
+    COUNT_ARGS(arg, n);
+    char *argv[n + 1];
+    va_list ap;
+    va_start(ap, arg);
+    argv[0] = (char *)arg;
+    for (size_t i = 1; i < n; i++)
+        argv[i] = va_arg(ap, char *);
+    va_end(ap);
+    argv[n] = NULL;
+    struct eg_call c = {.via = "execl", .dirfd = AT_FDCWD, .path = path, .fd = -1,
+                        .argv = argv, .envp = environ};
+    return exec_call(&c);
+}
+
+EXPORT int execlp(const char *file, const char *arg, ...)
+{
+    size_t n;
+    COUNT_ARGS(arg, n);
+    char *argv[n + 1];
+    va_list ap;
+    va_start(ap, arg);
+    argv[0] = (char *)arg;
+    for (size_t i = 1; i < n; i++)
+        argv[i] = va_arg(ap, char *);
+    va_end(ap);
+    argv[n] = NULL;
+    struct eg_call c = {.via = "execlp", .dirfd = AT_FDCWD, .path = file, .fd = -1,
+                        .search = 1, .sh_fallback = 1, .search_path = caller_path(),
+                        .argv = argv, .envp = environ};
+    return exec_call(&c);
+}
+
+EXPORT int execle(const char *path, const char *arg, ...)
+{
+    size_t n;
+    COUNT_ARGS(arg, n);
+    char *argv[n + 1];
+    char **envp;
+    COLLECT_ARGS(arg, n, argv, envp);
+    struct eg_call c = {.via = "execle", .dirfd = AT_FDCWD, .path = path, .fd = -1,
+                        .argv = argv, .envp = envp};
+    return exec_call(&c);
+}
+
+/* ---------------------------------------------------------------- posix_spawn */
+
+struct spawn_ctx {
+    pid_t *pid;
+    const posix_spawn_file_actions_t *fa;
+    const posix_spawnattr_t *attr;
+};
+
+static int spawn_run(void *vctx, const struct eg_plan *plan)
+{
+    struct spawn_ctx *x = vctx;
+    if (!real_posix_spawn)
+        return ENOSYS;
+    switch (plan->how) {
+    case EG_HOW_FD: {
+        /* The child execs the checked file through its inherited (close-on-exec) descriptor,
+         * moved out of the way of the file actions' usual targets. */
+        int fd = fcntl(plan->fd, F_DUPFD_CLOEXEC, 1000);
+        if (fd < 0)
+            fd = fcntl(plan->fd, F_DUPFD_CLOEXEC, 100);
+        int high = fd >= 0;
+        if (!high)
+            fd = plan->fd;
+        char link[40];
+        memcpy(link, "/proc/self/fd/", 14);
+        link[14 + eg_fmt_long(link + 14, fd)] = '\0';
+        int r = real_posix_spawn(x->pid, link, x->fa, x->attr, plan->argv, plan->envp);
+        if (high)
+            close(fd);
+        /* ENOENT/EBADF: the descriptor did not reach the child's exec (a closefrom or close
+         * file action, as CPython >= 3.13 uses for close_fds; or no /proc). Only then fall back
+         * to the path, which reopens the (small) window between check and exec. */
+        if ((r == ENOENT || r == EBADF) && plan->path && *plan->path)
+            r = real_posix_spawn(x->pid, plan->path, x->fa, x->attr, plan->argv, plan->envp);
+        return r;
+    }
+    case EG_HOW_PATH:
+        return real_posix_spawn(x->pid, plan->path, x->fa, x->attr, plan->argv, plan->envp);
+    case EG_HOW_CLAIM: {
+        char *claim[] = {(char *)"execgate-claim", (char *)plan->ticket, NULL};
+        return real_posix_spawn(x->pid, plan->path, x->fa, x->attr, claim, plan->envp);
+    }
+    }
+    return EINVAL;
+}
+
+static int gated_spawn(const char *via, int search, pid_t *pid, const char *path,
+                       const posix_spawn_file_actions_t *fa, const posix_spawnattr_t *attr,
+                       char *const argv[], char *const envp[], int *denied)
+{
+    pid_t dummy;
+    struct spawn_ctx x = {.pid = pid ? pid : &dummy, .fa = fa, .attr = attr};
+    struct eg_call c = {.via = via, .dirfd = AT_FDCWD, .path = path, .fd = -1, .search = search,
+                        .search_path = search ? caller_path() : NULL, .argv = argv,
+                        .envp = envp};
+    if (!path)
+        return EFAULT;
+    int saved = errno;
+    int r = eg_gate(&c, spawn_run, &x);
+    if (denied)
+        *denied = c.denied;
+    errno = saved;
+    return r;
+}
+
+EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+                       const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+    return gated_spawn("posix_spawn", 0, pid, path, fa, attr, argv, envp, NULL);
+}
+
+EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
+                        const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+    return gated_spawn("posix_spawnp", 1, pid, file, fa, attr, argv, envp, NULL);
+}
+
+/* ---------------------------------------------------------------- system() */
+
+static void spin_lock(int *l)
+{
+    while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE))
+        sched_yield();
+}
+
+static void spin_unlock(int *l) { __atomic_store_n(l, 0, __ATOMIC_RELEASE); }
+
+static int sys_lock, sys_refs;
+static struct sigaction sys_intr, sys_quit;
+
+EXPORT int system(const char *line)
+{
+    if (!line)
+        return 1; /* a shell is available (the gate decides about each command) */
+
+    struct sigaction ign;
+    memset(&ign, 0, sizeof ign);
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    spin_lock(&sys_lock);
+    if (sys_refs++ == 0) {
+        sigaction(SIGINT, &ign, &sys_intr);
+        sigaction(SIGQUIT, &ign, &sys_quit);
+    }
+    struct sigaction intr = sys_intr, quit = sys_quit;
+    spin_unlock(&sys_lock);
+
+    sigset_t chld, omask;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, &omask);
+
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t reset;
+    sigemptyset(&reset);
+    if (intr.sa_handler != SIG_IGN)
+        sigaddset(&reset, SIGINT);
+    if (quit.sa_handler != SIG_IGN)
+        sigaddset(&reset, SIGQUIT);
+    posix_spawnattr_setsigmask(&attr, &omask);
+    posix_spawnattr_setsigdefault(&attr, &reset);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+
+    char *argv[] = {(char *)"sh", (char *)"-c", (char *)line, NULL};
+    pid_t pid;
+    int denied = 0, status;
+    int ret = gated_spawn("system", 0, &pid, "/bin/sh", NULL, &attr, argv, environ, &denied);
+    if (ret == 0) {
+        while (waitpid(pid, &status, 0) < 0) {
+            if (errno != EINTR) {
+                status = -1;
+                break;
+            }
+        }
+    } else {
+        /* POSIX: as if the shell had exited 127; a denial looks like "cannot execute" (126) */
+        status = W_EXITCODE(denied ? 126 : 127, 0);
+    }
+    posix_spawnattr_destroy(&attr);
+
+    int saved = errno;
+    spin_lock(&sys_lock);
+    if (--sys_refs == 0) {
+        sigaction(SIGINT, &sys_intr, NULL);
+        sigaction(SIGQUIT, &sys_quit, NULL);
+    }
+    spin_unlock(&sys_lock);
+    sigprocmask(SIG_SETMASK, &omask, NULL);
+    errno = ret ? ret : saved;
+    return status;
+}
+
+/* ---------------------------------------------------------------- popen() / pclose() */
+
+struct popen_entry {
+    FILE *fp;
+    int fd;
+    pid_t pid;
+    struct popen_entry *next;
+};
+
+static int popen_lock;
+static struct popen_entry *popen_list;
+
+EXPORT FILE *popen(const char *command, const char *mode)
+{
+    int do_read = 0, do_write = 0, do_cloexec = 0;
+    for (const char *m = mode; m && *m; m++) {
+        switch (*m) {
+        case 'r': do_read = 1; break;
+        case 'w': do_write = 1; break;
+        case 'e': do_cloexec = 1; break;
+        default: errno = EINVAL; return NULL;
+        }
+    }
+    if (!mode || (do_read ^ do_write) == 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    struct popen_entry *entry = malloc(sizeof *entry);
+    if (!entry)
+        return NULL;
+
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) < 0) {
+        free(entry);
+        return NULL;
+    }
+    int parent_end = do_read ? fds[0] : fds[1];
+    int child_end = do_read ? fds[1] : fds[0];
+    int child_std = do_read ? 1 : 0;
+    if (child_end == child_std) {
+        /* dup2 onto itself would not clear close-on-exec: move it first */
+        int tmp = fcntl(child_end, F_DUPFD_CLOEXEC, 0);
+        int e = errno;
+        close(child_end);
+        if (tmp < 0) {
+            close(parent_end);
+            free(entry);
+            errno = e;
+            return NULL;
+        }
+        child_end = tmp;
+    }
+
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, child_end, child_std);
+
+    spin_lock(&popen_lock);
+    /* POSIX: streams of earlier popen() calls still open in the parent are closed in the
+     * child */
+    for (struct popen_entry *p = popen_list; p; p = p->next)
+        if (p->fd != child_std)
+            posix_spawn_file_actions_addclose(&fa, p->fd);
+
+    char *argv[] = {(char *)"sh", (char *)"-c", (char *)command, NULL};
+    pid_t pid;
+    int ret = gated_spawn("popen", 0, &pid, "/bin/sh", &fa, NULL, argv, environ, NULL);
+    posix_spawn_file_actions_destroy(&fa);
+    close(child_end);
+    if (ret != 0) {
+        spin_unlock(&popen_lock);
+        close(parent_end);
+        free(entry);
+        errno = ret;
+        return NULL;
+    }
+    if (!do_cloexec)
+        fcntl(parent_end, F_SETFD, 0);
+    FILE *fp = fdopen(parent_end, do_read ? "r" : "w");
+    if (!fp) {
+        int e = errno;
+        spin_unlock(&popen_lock);
+        close(parent_end);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+        free(entry);
+        errno = e;
+        return NULL;
+    }
+    entry->fp = fp;
+    entry->fd = parent_end;
+    entry->pid = pid;
+    entry->next = popen_list;
+    popen_list = entry;
+    spin_unlock(&popen_lock);
+    return fp;
+}
+
+EXPORT int pclose(FILE *fp)
+{
+    struct popen_entry *found = NULL;
+    spin_lock(&popen_lock);
+    for (struct popen_entry **pp = &popen_list; *pp; pp = &(*pp)->next) {
+        if ((*pp)->fp == fp) {
+            found = *pp;
+            *pp = found->next;
+            break;
+        }
+    }
+    spin_unlock(&popen_lock);
+    if (!found) {
+        if (real_pclose)
+            return real_pclose(fp);
+        errno = EINVAL;
+        return -1;
+    }
+    pid_t pid = found->pid;
+    free(found);
+    fclose(fp);
+    int status;
+    pid_t r;
+    do {
+        r = waitpid(pid, &status, 0);
+    } while (r < 0 && errno == EINTR);
+    return r < 0 ? -1 : status;
+}

@@ -1,0 +1,116 @@
+/* The client side of the exec gate (docs/protocol.md §1, §3, §6), shared by the interposer
+ * (libexecgate.so) and the exec wrapper (execgate-wrapper).
+ *
+ * One call of eg_gate() decides one exec: it resolves the program the way the kernel (and, for
+ * the `p` variants, glibc's PATH search) would, opens it once, consults the policy snapshot,
+ * asks the server when it must, and hands a *plan* (what exactly to execute, with which argv and
+ * which environment) to a caller-supplied function that carries it out: a raw exec syscall for
+ * the exec family, the real posix_spawn for posix_spawn/system/popen, the in-process claim for
+ * the wrapper.
+ *
+ * Everything here is async-signal-safe and usable in a vfork child: no malloc, no stdio, no
+ * locks. Working memory is on the stack; only large argv/environments use mmap. Nothing reads
+ * the process's environment after eg_session_load().
+ */
+#ifndef EXECGATE_GATE_H
+#define EXECGATE_GATE_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#define EG_PATH 4096
+#define EG_SUN_PATH 108
+#define EG_TOKEN_LEN 32
+
+/* The gate environment captured at load time (protocol §1). */
+struct eg_session {
+    int ok;                        /* socket and token present and well-formed */
+    const char *reason;            /* why not ok */
+    char sock[EG_SUN_PATH];        /* EXECGATE_SOCKET */
+    char token[EG_TOKEN_LEN + 1];  /* EXECGATE_TOKEN */
+    /* the strings below are never NULL ("" when unknown) */
+    const char *snap;              /* <dir of the socket>/policy.snap */
+    const char *wrapper;           /* EXECGATE_WRAPPER */
+    const char *preload;           /* the interposer's own path, first in LD_PRELOAD */
+    /* prebuilt "NAME=value" entries re-added to every exec's environment */
+    const char *env[6];
+    int nenv;
+};
+
+extern struct eg_session eg_sess;
+
+/* Capture the gate environment from envp. preload_self: the interposer's absolute path (NULL
+ * or "" when unknown: LD_PRELOAD is then taken from the first entry of envp's LD_PRELOAD that
+ * names libexecgate.so). Not async-signal-safe; call once, at load. */
+void eg_session_load(char *const *envp, const char *preload_self);
+
+/* The value of NAME in envp, or NULL (no libc getenv: usable in a vfork child). */
+const char *eg_getenv(char *const *envp, const char *name);
+
+/* What to execute, handed to the caller's eg_run_fn. */
+enum eg_how {
+    EG_HOW_FD,    /* execveat(fd, "", argv, envp, AT_EMPTY_PATH): exactly the checked file */
+    EG_HOW_PATH,  /* execve(path, …): scripts (the interpreter needs the path) */
+    EG_HOW_CLAIM, /* escalation: exec the wrapper, path = wrapper, argv = [execgate-claim, TICKET] */
+};
+
+struct eg_plan {
+    enum eg_how how;
+    int fd;              /* EG_HOW_FD: the open program (close-on-exec) */
+    const char *path;    /* the path as the caller gave it (NULL for fexecve); CLAIM: wrapper */
+    int dirfd;           /* EG_HOW_PATH: execveat's directory (AT_FDCWD for execve) */
+    int atflags;         /* EG_HOW_PATH: execveat's flags */
+    const char *ticket;  /* EG_HOW_CLAIM */
+    char *const *argv;
+    char *const *envp;   /* the caller's environment with the gate environment re-added */
+};
+
+/* Carry out a plan. Returns 0 on success (a spawn started; an exec never returns), else an
+ * errno value: the gate then goes on as glibc would (PATH search continues on ENOENT, EACCES, …;
+ * ENOEXEC falls back to /bin/sh for the execvp family). */
+typedef int (*eg_run_fn)(void *ctx, const struct eg_plan *plan);
+
+struct eg_call {
+    const char *via;          /* protocol VIA field */
+    int dirfd;                /* AT_FDCWD, or execveat's directory descriptor */
+    const char *path;         /* the program as given; NULL: fexecve/execveat on fd `fd` */
+    int fd;
+    int atflags;              /* execveat flags: AT_SYMLINK_NOFOLLOW, AT_EMPTY_PATH */
+    int search;               /* `p` variant: PATH search when path has no '/' */
+    int sh_fallback;          /* ENOEXEC → /bin/sh FILE ARGS… (execvp, execvpe, execlp) */
+    const char *search_path;  /* PATH value; NULL = "/bin:/usr/bin" */
+    char *const *argv;
+    char *const *envp;
+    /* out */
+    int denied;               /* the exec was refused (message already written to fd 2) */
+};
+
+/* Decide and carry out one exec. Returns 0 (a spawn succeeded; exec plans do not return on
+ * success) or an errno value. On a denial the line has been written to fd 2 and EACCES is
+ * returned with call->denied set. */
+int eg_gate(struct eg_call *call, eg_run_fn run, void *ctx);
+
+/* Build envp + the gate environment into mem (cap bytes). Returns the new envp, or NULL when
+ * mem is too small; eg_env_size() tells how much is needed. */
+size_t eg_env_size(char *const *envp);
+char **eg_env_build(char *const *envp, void *mem, size_t cap);
+
+/* Write "execgate: denied: <cmd>: <reason><detail>\n" to fd 2 (cmd rendered from argv, or
+ * `path` when argv is empty). */
+void eg_deny_line(char *const *argv, const char *path, const char *reason, const char *detail);
+void eg_deny_line_fd(int fd, char *const *argv, const char *path, const char *reason,
+                     const char *detail);
+
+/* Raw exec syscalls (never interposed). Return -errno. */
+int eg_sys_execve(const char *path, char *const *argv, char *const *envp);
+int eg_sys_execveat(int dirfd, const char *path, char *const *argv, char *const *envp, int flags);
+
+/* Carry out a plan with a raw exec syscall (the exec family and the wrapper's run). Returns an
+ * errno value on failure. */
+int eg_exec_plan(const struct eg_plan *plan);
+
+/* Small helpers. */
+const char *eg_basename(const char *path);
+const char *eg_strerror(int err);  /* static English text for the errnos an exec can give */
+
+#endif

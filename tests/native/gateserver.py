@@ -1,0 +1,366 @@
+"""A stand-in for the execgate server, for testing the native side (interposer and wrapper).
+
+A real Unix socket server speaking EG1 (docs/protocol.md §2-§4) in a thread, using the package's
+own protocol module. Each test gives it a rule (request -> answer); it records every request.
+For escalations it really spawns the program itself, on the descriptors, environment and cwd it
+received, forwards signals to it and reports its exit status, so the wrapper's claim mode is
+exercised end to end. It is a test double of the *server* only: the interposer and the wrapper
+under test are the real compiled ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import select
+import signal
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from execgate.gate import protocol as P
+
+MSG_CMSG_CLOEXEC = 0x40000000
+
+
+@dataclass(frozen=True)
+class Run:
+    pass
+
+
+@dataclass(frozen=True)
+class Deny:
+    message: str
+
+
+@dataclass(frozen=True)
+class Escalate:
+    pass
+
+
+@dataclass(frozen=True)
+class Raw:
+    """Answer with these exact bytes (garbage tests)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Close:
+    """Close the connection without answering."""
+
+
+Answer = Run | Deny | Escalate | Raw | Close
+Rule = Callable[[P.ExecRequest], Answer]
+
+
+def name_of(req: P.ExecRequest) -> str:
+    return os.path.basename(os.fsdecode(req.realpath or req.path))
+
+
+def deny_names(*names: str, escalate: tuple[str, ...] = ()) -> Rule:
+    """Deny programs whose (real or given) basename is in names, escalate those in escalate.
+    A script is judged by its interpreter too: the kernel starts the interpreter without an exec
+    the interposer could see, so the server must look at INTERP."""
+
+    def rule(req: P.ExecRequest) -> Answer:
+        given = os.path.basename(os.fsdecode(req.path))
+        real = name_of(req)
+        interp = os.path.basename(os.fsdecode(req.interp))
+        if given in names or real in names or (interp and interp in names):
+            cmd = " ".join(os.fsdecode(a) for a in req.argv)
+            return Deny(f"execgate: denied: {cmd}: forbidden by test rule")
+        if given in escalate or real in escalate:
+            return Escalate()
+        return Run()
+
+    return rule
+
+
+def fnv1a64(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for byte in data:
+        h = ((h ^ byte) * 0x100000001B3) & ((1 << 64) - 1)
+    return h
+
+
+def encode_snapshot(
+    names: list[bytes] = (),  # type: ignore[assignment]
+    files: list[tuple[int, int]] = (),  # type: ignore[assignment]
+    *,
+    flags: int = 0,
+) -> bytes:
+    """The §6 snapshot format, written independently of the server's encoder."""
+    hashes = sorted({fnv1a64(n) for n in names})
+    fl = sorted(set(files))
+    names_off = 64
+    files_off = names_off + 8 * len(hashes)
+    header = b"EGSNAP1\0" + struct.pack("<IIII", flags, len(hashes), len(fl), 0)
+    header += struct.pack("<QQ", names_off, files_off) + bytes(24)
+    body = b"".join(struct.pack("<Q", h) for h in hashes)
+    body += b"".join(struct.pack("<QQ", d, i) for d, i in fl)
+    return header + body
+
+
+@dataclass
+class Escalation:
+    request: P.ExecRequest
+    claim: P.ClaimRequest | None = None
+    pid: int | None = None
+    status: int | None = None
+    signals: list[int] = field(default_factory=list)
+    started: threading.Event = field(default_factory=threading.Event)
+
+
+def recv_frame(conn: socket.socket) -> tuple[bytes, list[int]] | None:
+    """One frame and the descriptors that came with its header; None on a clean EOF."""
+    fds: list[int] = []
+    header = b""
+    while len(header) < 4:
+        msg, anc, _flags, _ = conn.recvmsg(
+            4 - len(header), socket.CMSG_SPACE(P.MAX_FDS * 4), MSG_CMSG_CLOEXEC
+        )
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(struct.unpack(f"{len(data) // 4}i", data[: len(data) // 4 * 4]))
+        if not msg:
+            for fd in fds:
+                os.close(fd)
+            if header:
+                raise P.ProtocolError("EOF inside a header")
+            return None
+        header += msg
+    (length,) = P.HEADER.unpack(header)
+    payload = b""
+    while len(payload) < length:
+        chunk = conn.recv(length - len(payload))
+        if not chunk:
+            raise P.ProtocolError("EOF inside a frame")
+        payload += chunk
+    return payload, fds
+
+
+class GateServer:
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.dir.mkdir(mode=0o700, exist_ok=True)
+        self.sock_path = self.dir / "gate.sock"
+        self.snap_path = self.dir / "policy.snap"
+        self.token = secrets.token_hex(16)
+        self.rule: Rule = lambda req: Run()
+        self.requests: list[P.ExecRequest] = []
+        self.escalations: list[Escalation] = []
+        self.tickets: dict[bytes, Escalation] = {}
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+        self.request_seen = threading.Condition(self.lock)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(self.sock_path))
+        self.listener.listen(128)
+        self._stop_r, self._stop_w = os.pipe()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    # -- configuration -----------------------------------------------------------------
+
+    def ask_always(self) -> None:
+        self.write_snapshot(encode_snapshot(flags=1))
+
+    def write_snapshot(self, data: bytes) -> None:
+        tmp = self.dir / "policy.snap.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, self.snap_path)
+
+    def env(
+        self, wrapper: Path, preload: Path, base: dict[str, str] | None = None
+    ) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
+        env.update(
+            LD_PRELOAD=str(preload),
+            EXECGATE_SOCKET=str(self.sock_path),
+            EXECGATE_TOKEN=self.token,
+            EXECGATE_WRAPPER=str(wrapper),
+            EXEC_WRAPPER=str(wrapper),
+            BASH_EXEC_WRAPPER=str(wrapper),
+        )
+        return env
+
+    # -- inspection ----------------------------------------------------------------------
+
+    def argvs(self) -> list[list[bytes]]:
+        with self.lock:
+            return [list(r.argv) for r in self.requests]
+
+    def names(self) -> list[str]:
+        with self.lock:
+            return [name_of(r) for r in self.requests]
+
+    def clear(self) -> None:
+        with self.lock:
+            self.requests.clear()
+
+    def wait_for_request(
+        self, pred: Callable[[P.ExecRequest], bool], timeout: float = 30
+    ) -> P.ExecRequest:
+        with self.request_seen:
+            found: list[P.ExecRequest] = []
+
+            def check() -> bool:
+                found[:] = [r for r in self.requests if pred(r)]
+                return bool(found)
+
+            if not self.request_seen.wait_for(check, timeout):
+                raise AssertionError("expected request never arrived")
+            return found[0]
+
+    def wait_escalation_started(self, timeout: float = 30) -> Escalation:
+        with self.request_seen:
+            ok = self.request_seen.wait_for(
+                lambda: any(e.pid is not None for e in self.escalations), timeout
+            )
+            assert ok, "no escalated program started"
+            return next(e for e in self.escalations if e.pid is not None)
+
+    # -- serving -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        os.write(self._stop_w, b"x")
+        self.thread.join(10)
+        self.listener.close()
+        os.close(self._stop_r)
+        os.close(self._stop_w)
+
+    def _serve(self) -> None:
+        while True:
+            ready, _, _ = select.select([self.listener, self._stop_r], [], [])
+            if self._stop_r in ready:
+                return
+            conn, _ = self.listener.accept()
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
+            with conn:
+                got = recv_frame(conn)
+                if got is None:
+                    return
+                payload, fds = got
+                fields = P.split_payload(payload)
+                if fields[0] == b"exec":
+                    for fd in fds:
+                        os.close(fd)
+                    self._exec(conn, P.parse_exec_request(fields))
+                elif fields[0] == b"claim":
+                    self._claim(conn, P.parse_claim(fields), fds)
+                else:
+                    raise P.ProtocolError(f"unexpected {fields[0]!r}")
+        except Exception as exc:  # recorded, the test decides
+            with self.lock:
+                import traceback
+
+                self.errors.append(repr(exc) + traceback.format_exc())
+
+    def _exec(self, conn: socket.socket, req: P.ExecRequest) -> None:
+        # the asking process may have died meanwhile (killed by the test)
+        with contextlib.suppress(BrokenPipeError):
+            self._answer(conn, req)
+
+    def _answer(self, conn: socket.socket, req: P.ExecRequest) -> None:
+        with self.request_seen:
+            self.requests.append(req)
+            self.request_seen.notify_all()
+        if req.token != self.token.encode():
+            conn.sendall(P.encode_deny("execgate: denied: wrong token"))
+            return
+        answer = self.rule(req)
+        if isinstance(answer, Run):
+            conn.sendall(P.RUN)
+        elif isinstance(answer, Deny):
+            conn.sendall(P.encode_deny(answer.message))
+        elif isinstance(answer, Escalate):
+            ticket = secrets.token_hex(8)
+            esc = Escalation(request=req)
+            with self.lock:
+                self.tickets[ticket.encode()] = esc
+                self.escalations.append(esc)
+            conn.sendall(P.encode_escalate(ticket))
+        elif isinstance(answer, Raw):
+            conn.sendall(answer.data)
+        # Close: nothing
+
+    def _claim(self, conn: socket.socket, claim: P.ClaimRequest, fds: list[int]) -> None:
+        try:
+            with self.lock:
+                esc = self.tickets.pop(claim.ticket, None)
+            if esc is None or claim.token != self.token.encode():
+                conn.sendall(P.encode_deny("execgate: denied: unknown ticket"))
+                return
+            if len(fds) != len(claim.fd_numbers):
+                conn.sendall(P.encode_deny("execgate: denied: descriptor count mismatch"))
+                return
+            esc.claim = claim
+            req = esc.request
+            # move the received descriptors out of the way, then place them at their numbers
+            high = [fcntl_dup(fd) for fd in fds]
+            pairs = zip(high, claim.fd_numbers, strict=True)
+            actions = [(os.POSIX_SPAWN_DUP2, h, n) for h, n in pairs]
+            env = {}
+            for entry in claim.env:
+                k, _, v = entry.partition(b"=")
+                env[k] = v
+            try:
+                pid = os.posix_spawn(
+                    req.realpath or req.path,
+                    list(req.argv) or [req.path],
+                    env,
+                    file_actions=actions,
+                    setsigdef=(signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE, signal.SIGTERM),
+                    setsigmask=(),
+                )
+            except OSError as exc:
+                conn.sendall(P.encode_deny(f"execgate: denied: spawn failed: {exc.strerror}"))
+                return
+            finally:
+                for h in high:
+                    os.close(h)
+            with self.request_seen:
+                esc.pid = pid
+                self.request_seen.notify_all()
+            esc.started.set()
+            pidfd = os.pidfd_open(pid)
+            try:
+                while True:
+                    ready, _, _ = select.select([conn, pidfd], [], [])
+                    if pidfd in ready:
+                        break
+                    got = recv_frame(conn)
+                    if got is None:  # the wrapper is gone: kill the program
+                        os.kill(pid, signal.SIGKILL)
+                        break
+                    payload, extra = got
+                    for fd in extra:
+                        os.close(fd)
+                    sig = P.parse_signal(P.split_payload(payload))
+                    esc.signals.append(sig)
+                    os.kill(pid, sig)
+            finally:
+                os.close(pidfd)
+            _, status = os.waitpid(pid, 0)
+            esc.status = status
+            if os.WIFSIGNALED(status):
+                conn.sendall(P.encode_signal(os.WTERMSIG(status)))
+            else:
+                conn.sendall(P.encode_exit(os.WEXITSTATUS(status)))
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def fcntl_dup(fd: int) -> int:
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100)

@@ -1,0 +1,161 @@
+"""Escalation (protocol §4) through the real wrapper, and the wrapper's patched-shell mode (§5).
+
+The stand-in server really spawns the escalated program on the descriptors, environment and cwd
+the wrapper sent, so these are end-to-end checks of what the caller sees."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+from .gateserver import Deny, Escalate, Run, deny_names
+from .support import Gate, marker
+
+
+def esc_rule(gate: Gate) -> None:
+    gate.server.rule = deny_names("forbidden", escalate=("esc",))
+
+
+def test_escalated_program_gets_stdio_fd3_and_status(gate: Gate) -> None:
+    esc_rule(gate)
+    marker(gate.bin, "esc", 'read x; echo "out:$x:$*"; echo err >&2; echo three >&3; exit 7')
+    r = gate.run(["bash", "-c", "printf 'input\\n' | esc a 'b c' 3>fd3.txt; echo rc=$?"])
+    assert r.stdout == b"out:input:a b c\nrc=7\n"
+    assert r.stderr == b"err\n"
+    assert (gate.work / "fd3.txt").read_text() == "three\n"
+    (e,) = gate.server.escalations
+    assert e.claim is not None and e.claim.fd_numbers == (0, 1, 2, 3)
+    env = dict(x.split(b"=", 1) for x in e.claim.env)
+    assert env[b"EXECGATE_TOKEN"] == gate.server.token.encode()
+    assert env[b"LD_PRELOAD"].startswith(str(gate.native["preload"]).encode())
+    assert e.request.argv == (b"esc", b"a", b"b c")
+
+
+def test_escalated_program_stays_gated(gate: Gate) -> None:
+    esc_rule(gate)
+    marker(gate.bin, "esc", "forbidden inside; echo inner-rc=$?")
+    r = gate.sh("esc")
+    assert r.stdout == b"inner-rc=126\n" and not gate.forbidden_ran()
+
+
+def test_signal_death_is_relayed(gate: Gate) -> None:
+    esc_rule(gate)
+    marker(gate.bin, "esc", 'kill -"$1" $$')
+    r = gate.sh("esc TERM; echo rc=$?; esc KILL; echo rc=$?; esc SEGV; echo rc=$?")
+    assert r.stdout == b"rc=143\nrc=137\nrc=139\n"
+    assert b"core dumped" not in r.stderr
+
+
+def test_signals_are_forwarded(gate: Gate) -> None:
+    esc_rule(gate)
+    waiter = (
+        "import signal, sys\n"
+        "def h(s, f):\n    print('got', s, flush=True); sys.exit(9)\n"
+        "signal.signal(signal.SIGTERM, h); signal.signal(signal.SIGUSR1, h)\n"
+        "print('ready', flush=True)\n"
+        "while True: signal.pause()\n"
+    )
+    marker(gate.bin, "esc", f'exec python3 -c "{waiter}"')
+    p = subprocess.Popen(
+        ["bash", "-c", "exec esc"], env=gate.env, cwd=gate.work, stdout=subprocess.PIPE
+    )
+    assert p.stdout is not None
+    assert p.stdout.readline() == b"ready\n"  # the escalated program runs, handler installed
+    os.kill(p.pid, signal.SIGUSR1)  # p is the wrapper (claim mode)
+    out, _ = p.communicate(timeout=60)
+    assert out == f"got {int(signal.SIGUSR1)}\n".encode()
+    assert p.returncode == 9
+    assert gate.server.escalations[0].signals == [signal.SIGUSR1]
+
+
+def test_escalation_from_every_spawner(gate: Gate, cprog) -> None:  # type: ignore[no-untyped-def]
+    esc_rule(gate)
+    marker(gate.bin, "esc", 'cat >/dev/null; echo "esc:$*"; exit 4')
+    entry = cprog("entry")
+    for via in ("execve", "execvp", "posix_spawn", "posix_spawnp", "fexecve"):
+        prog = "esc" if via.endswith("p") else str(gate.bin / "esc")
+        r = gate.run([entry, via, prog, via], input=b"")
+        assert (r.returncode, r.stdout) == (4, f"esc:{via}\n".encode()), (via, r)
+    r = gate.run([entry, "system", "esc sys"], input=b"")
+    assert r.stdout == b"esc:sys\nstatus=1024\n"
+    r = gate.run([entry, "popen-r", "esc po </dev/null"])
+    assert r.stdout == b"esc:po\nstatus=1024\n"
+    code = (
+        "import subprocess; r = subprocess.run(['esc', 'py'], input=b'data', "
+        "capture_output=True); print(r.returncode, r.stdout)"
+    )
+    r = gate.run(["python3", "-c", code])
+    assert r.stdout == b"4 b'esc:py\\n'\n"
+
+
+def test_escalation_without_wrapper_is_denied(gate: Gate) -> None:
+    esc_rule(gate)
+    marker(gate.bin, "esc", "echo ran")
+    env = {k: v for k, v in gate.env.items() if k != "EXECGATE_WRAPPER"}
+    r = gate.run(["bash", "-c", "esc; echo rc=$?"], env=env)
+    assert r.stdout == b"rc=126\n"
+    assert b"escalation needs EXECGATE_WRAPPER" in r.stderr
+
+
+def test_claim_with_unknown_ticket(gate: Gate) -> None:
+    r = subprocess.run(
+        ["execgate-claim", "bogus"],
+        executable=gate.native["wrapper"],
+        env=gate.env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert r.returncode == 126
+    assert r.stderr == b"execgate: denied: unknown ticket\n"
+
+
+def test_claim_server_gone(gate: Gate) -> None:
+    env = dict(gate.env, EXECGATE_SOCKET=str(gate.work / "none.sock"))
+    r = subprocess.run(
+        ["execgate-claim", "t1"],
+        executable=gate.native["wrapper"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert r.returncode == 126
+    assert r.stderr.startswith(
+        b"execgate: denied: escalated program (ticket t1): execgate server unreachable"
+    )
+
+
+def test_wrapper_usage(gate: Gate) -> None:
+    r = subprocess.run([gate.native["wrapper"]], env=gate.env, capture_output=True)
+    assert r.returncode == 2
+    assert r.stderr == b"usage: execgate-wrapper FILE [ARGV]...\n"
+
+
+def test_wrapper_patched_shell_convention(gate: Gate) -> None:
+    w = str(gate.native["wrapper"])
+    r = gate.run([w, "/bin/echo", "echo", "hi", ""])
+    assert (r.returncode, r.stdout) == (0, b"hi \n")
+    (q,) = gate.server.requests  # asked once: the preloaded interposer did not ask again
+    assert (q.via, q.path, q.argv) == ("wrapper", b"/bin/echo", (b"echo", b"hi", b""))
+    r = gate.run([w, "./bin/allowed", "allowed", "rel"])
+    assert r.stdout == b"allowed:rel\n"
+    assert gate.server.requests[-1].path == str(gate.work).encode() + b"/./bin/allowed"
+    r = gate.run([w, str(gate.bin / "forbidden"), "forbidden"])
+    assert r.returncode == 126 and b"forbidden by test rule" in r.stderr
+    r = gate.run([w, str(gate.work / "nope"), "nope"])
+    assert r.returncode == 127 and r.stderr.endswith(b"No such file or directory\n")
+    esc_rule(gate)
+    marker(gate.bin, "esc", 'echo "esc:$*"; exit 5')
+    r = gate.run([w, str(gate.bin / "esc"), "esc", "in-process"])
+    assert (r.returncode, r.stdout) == (5, b"esc:in-process\n")
+    env = dict(gate.env, EXECGATE_SOCKET=str(gate.work / "none.sock"))
+    r = gate.run([w, "/bin/echo", "echo"], env=env)
+    assert r.returncode == 126 and b"execgate server unreachable" in r.stderr
+    assert not gate.forbidden_ran()
+
+
+def test_exec_of_the_wrapper_is_not_gated_twice(gate: Gate) -> None:
+    r = gate.sh('"$EXEC_WRAPPER" /bin/echo echo via-wrapper')
+    assert r.stdout == b"via-wrapper\n"
+    assert [q.via for q in gate.server.requests] == ["wrapper"]
+    _ = Deny, Escalate, Run

@@ -1,0 +1,158 @@
+"""The policy snapshot fast path (protocol §6): ask only about programs it names."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+
+import pytest
+
+from .gateserver import encode_snapshot
+from .support import Gate, marker
+
+
+def asked(gate: Gate) -> list[bytes]:
+    return [q.path for q in gate.server.requests]
+
+
+def test_unnamed_programs_do_not_ask(gate: Gate) -> None:
+    gate.server.write_snapshot(encode_snapshot([b"forbidden", b"rm"]))
+    r = gate.sh("/bin/true; /bin/echo a | cat; allowed b; forbidden c; echo rc=$?")
+    assert r.stdout == b"a\nallowed:b\nrc=126\n"
+    assert asked(gate) == [str(gate.bin / "forbidden").encode()]
+    assert not gate.forbidden_ran()
+
+
+def test_fast_path_needs_no_server(gate: Gate) -> None:
+    """With the snapshot saying "nobody cares", nothing connects at all."""
+    sess = gate.work / "other-session"
+    sess.mkdir()
+    (sess / "policy.snap").write_bytes(encode_snapshot([b"forbidden"]))
+    env = dict(gate.env, EXECGATE_SOCKET=str(sess / "gate.sock"))
+    r = gate.run(["bash", "-c", "/bin/echo fast; forbidden; echo rc=$?"], env=env)
+    assert r.stdout == b"fast\nrc=126\n"
+    assert b"execgate server unreachable" in r.stderr
+
+
+def test_match_by_each_name(gate: Gate) -> None:
+    w = gate.work
+    tool = shutil.copy("/bin/echo", w / "tool")
+    os.link(tool, w / "alias")
+    os.symlink(tool, w / "viaLink")
+    st = os.stat(tool)
+    cases = [
+        ([b"tool"], [], "./tool x", True),  # basename(PATH)
+        ([b"tool"], [], "./viaLink x", True),  # basename(REALPATH)
+        ([str(w / "viaLink").encode()], [], "./viaLink x", False),  # PATH is w/./viaLink
+        ([(str(w) + "/./viaLink").encode()], [], "./viaLink x", True),  # PATH exactly
+        ([str(w / "tool").encode()], [], "./viaLink x", True),  # REALPATH
+        ([], [(st.st_dev, st.st_ino)], "./alias x", True),  # (DEV, INO): a hard link
+        ([b"echo"], [], "./alias x", False),
+    ]
+    for names, files, cmd, expect in cases:
+        gate.server.clear()
+        gate.server.write_snapshot(encode_snapshot(names, files))
+        r = gate.sh(cmd)
+        assert r.stdout == b"x\n"
+        assert bool(gate.server.requests) == expect, (names, files, cmd)
+
+
+def test_script_interpreter_named(gate: Gate) -> None:
+    s = gate.work / "s"
+    s.write_text(f"#!{gate.bin}/allowed via-interp\n")
+    s.chmod(0o755)
+    gate.server.write_snapshot(encode_snapshot([b"allowed"]))
+    r = gate.sh("./s")
+    assert r.stdout == b"allowed:via-interp ./s\n"
+    assert asked(gate) == [str(gate.work).encode() + b"/./s"]
+    gate.server.clear()
+    gate.server.write_snapshot(encode_snapshot([str(gate.bin / "allowed").encode()]))
+    gate.sh("./s")
+    assert len(gate.server.requests) == 1
+
+
+def test_ask_always(gate: Gate) -> None:
+    gate.server.write_snapshot(encode_snapshot([b"rm"], flags=1))
+    gate.sh("/bin/true; /bin/echo a")
+    assert asked(gate) == [b"/bin/true", b"/bin/echo"]
+
+
+def _corrupt(good: bytes, how: str) -> bytes:
+    b = bytearray(good)
+    if how == "magic":
+        b[0:8] = b"EGSNAP2\0"
+    elif how == "truncated":
+        b = b[:-4]
+    elif how == "names-outside":
+        b[12:16] = struct.pack("<I", 1000)
+    elif how == "files-offset":
+        b[32:40] = struct.pack("<Q", 1 << 40)
+    elif how == "unsorted":
+        a, c = bytes(b[64:72]), bytes(b[72:80])
+        b[64:72], b[72:80] = c, a
+    elif how == "flags":
+        b[8:12] = struct.pack("<I", 2)
+    elif how == "reserved":
+        b[50] = 1
+    elif how == "short":
+        b = b[:40]
+    elif how == "empty":
+        b = bytearray()
+    return bytes(b)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "magic",
+        "truncated",
+        "names-outside",
+        "files-offset",
+        "unsorted",
+        "flags",
+        "reserved",
+        "short",
+        "empty",
+        "missing",
+    ],
+)
+def test_malformed_snapshot_asks(gate: Gate, how: str) -> None:
+    good = encode_snapshot([b"a", b"b", b"c"], [(1, 2)])
+    if how == "missing":
+        gate.server.snap_path.unlink()
+    else:
+        gate.server.write_snapshot(_corrupt(good, how))
+    gate.sh("/bin/true")
+    assert asked(gate) == [b"/bin/true"]
+
+
+def test_replaced_snapshot_is_reread(gate: Gate) -> None:
+    """One long-lived process: the cached snapshot is dropped when the file is replaced."""
+    gate.server.write_snapshot(encode_snapshot([b"rm"]))
+    code = (
+        "import os, sys\n"
+        "def run():\n"
+        "    pid = os.posix_spawn('/bin/true', ['true'], os.environ); os.waitpid(pid, 0)\n"
+        "run(); run(); print('one', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "run(); print('two', flush=True)\n"
+    )
+    p = subprocess.Popen(
+        ["python3", "-c", code],
+        env=gate.env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=gate.work,
+    )
+    assert p.stdout is not None and p.stdin is not None
+    assert p.stdout.readline() == b"one\n"
+    assert asked(gate) == []
+    gate.server.write_snapshot(encode_snapshot([b"true"]))
+    p.stdin.write(b"go\n")
+    p.stdin.flush()
+    assert p.stdout.readline() == b"two\n"
+    assert p.wait(60) == 0
+    assert asked(gate) == [b"/bin/true"]
+    _ = marker

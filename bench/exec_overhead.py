@@ -43,24 +43,13 @@ CONFIGS: dict[str, tuple[str | None, list[str]]] = {
 }
 
 
-def measure(
-    name: str, rules: Path | None, options: list[str], execs: int, env: dict[str, str]
-) -> int:
+def measure(rules: Path | None, options: list[str], execs: int, env: dict[str, str]) -> int:
+    """Microseconds per exec of one run of the loop (under execgate unless ``rules`` is None)."""
     loop = ["bash", "--norc", "--noprofile", "-c", LOOP.format(n=execs)]
-    if rules is None:
-        cmd = loop
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "execgate",
-            "run",
-            "--rules",
-            str(rules),
-            *options,
-            "--",
-            *loop,
-        ]
+    cmd = loop
+    if rules is not None:
+        gate = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), *options]
+        cmd = [*gate, "--", *loop]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
 

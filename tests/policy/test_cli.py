@@ -166,7 +166,10 @@ def test_rules_init_writes_the_default_with_home(env: Env) -> None:
     assert f'HOMES = ["{env.home}"]' in target.read_text()
     again = run_cli("rules", "init")
     assert again.status == 1 and "already exists" in again.err
+    target.write_text("# my own edits\n" + target.read_text())
     assert run_cli("rules", "init", "--force").status == 0
+    (backup,) = target.parent.glob("default.rules.*.bak")
+    assert backup.read_text().startswith("# my own edits\n")  # nothing the user wrote is lost
     decision = json.loads(run_cli("check", "rm", "-rf", str(env.home)).out)["decision"]
     assert decision == "forbidden"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -304,8 +305,12 @@ def run_explain(args: argparse.Namespace) -> int:
 def run_init(args: argparse.Namespace) -> int:
     target = paths.user_default_rules_file()
     if target.exists() and not args.force:
-        raise ExecgateError(f"{target} already exists (use --force to overwrite it)")
+        raise ExecgateError(f"{target} already exists (use --force to replace it; it is kept)")
     target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():  # --force: never lose what the user wrote
+        backup = target.with_name(f"{target.name}.{time.strftime('%Y%m%d-%H%M%S')}.bak")
+        target.rename(backup)
+        print(f"kept the previous file as {backup}")
     target.write_text(default_rules_text(), encoding="utf-8")
     print(f"wrote the default policy to {target}")
     return 0

@@ -1,0 +1,112 @@
+"""Round trip of the MCP ``shell`` tool against plain bash, measured in the same run.
+
+Starts ``execgate mcp`` (isolated homes, no rules of the user's) and drives it with the MCP
+SDK's client over stdio. For each command it takes the median wall time of a ``tools/call``
+(request to result, as the agent sees it) and of ``bash -c COMMAND`` run directly, runs
+interleaved, and prints both and their ratio:
+
+* ``true`` -- a bash builtin, no exec: the fixed cost of a call (session, launcher, shell);
+* a loop of 100 ``/bin/true`` -- 100 gated execs.
+
+Usage: python bench/mcp_roundtrip.py [--runs N] [--sandbox MODE] [--login] [--mode legacy|auto]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from mcp.client.client import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+COMMANDS = {
+    "true": "true",
+    "100 x /bin/true": "i=0; while [ $i -lt 100 ]; do /bin/true; i=$((i+1)); done",
+}
+
+
+def plain_bash(command: str, cwd: Path, env: dict[str, str], login: bool) -> float:
+    started = time.perf_counter()
+    subprocess.run(["bash", "-lc" if login else "-c", command], cwd=cwd, env=env, check=True)
+    return time.perf_counter() - started
+
+
+async def measure(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="eg-bench-") as tmp:
+        root = Path(tmp)
+        work = root / "work"
+        work.mkdir()
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "HOME": str(root / "home"),
+            "EXECGATE_HOME": str(root / "execgate-home"),
+            "EXECGATE_SYSTEM_DIR": str(root / "etc-execgate"),
+            "CODEX_HOME": str(root / "codex-home"),
+            "EXECGATE_CODEX_SYSTEM_DIR": str(root / "etc-codex"),
+        }
+        for key in ("HOME", "EXECGATE_HOME", "CODEX_HOME"):
+            os.makedirs(env[key])
+        rules = root / "bench.rules"
+        rules.write_text('prefix_rule(["git", "push"], "prompt")\n')
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "execgate", "mcp", "-q", "--rules", str(rules), "--sandbox", args.sandbox],
+            env=env,
+            cwd=work,
+        )
+        timings: dict[str, dict[str, list[float]]] = {
+            name: {"plain": [], "mcp": []} for name in COMMANDS
+        }
+        with open(os.devnull, "w") as errlog:
+            async with Client(stdio_client(params, errlog=errlog), mode=args.mode) as client:
+                arguments = {"workdir": str(work), "login": args.login}
+                for command in COMMANDS.values():  # warm up both sides
+                    await client.call_tool("shell", {**arguments, "command": command})
+                    plain_bash(command, work, env, args.login)
+                for _ in range(args.runs):
+                    for name, command in COMMANDS.items():
+                        started = time.perf_counter()
+                        result = await client.call_tool("shell", {**arguments, "command": command})
+                        timings[name]["mcp"].append(time.perf_counter() - started)
+                        assert not result.is_error and result.structured_content is not None
+                        assert result.structured_content["exit_code"] == 0, result
+                        timings[name]["plain"].append(plain_bash(command, work, env, args.login))
+
+    print(
+        f"execgate mcp `shell` round trip vs plain bash (median of {args.runs}; protocol "
+        f"{args.mode}; sandbox {args.sandbox}; {'login' if args.login else 'non-login'} shell)"
+    )
+    print(f"{'command':<18}{'plain bash':>12}{'execgate mcp':>15}{'ratio':>9}")
+    medians: dict[str, tuple[float, float]] = {}
+    for name, runs in timings.items():
+        plain, gated = statistics.median(runs["plain"]), statistics.median(runs["mcp"])
+        medians[name] = (plain, gated)
+        print(f"{name:<18}{plain * 1e3:>9.2f} ms{gated * 1e3:>12.2f} ms{gated / plain:>8.2f}x")
+    (plain_true, mcp_true), (plain_loop, mcp_loop) = medians.values()
+    per_plain = (plain_loop - plain_true) / 100 * 1e6
+    per_mcp = (mcp_loop - mcp_true) / 100 * 1e6
+    print(
+        f"per exec (loop minus `true`): plain {per_plain:.0f} us, gated {per_mcp:.0f} us "
+        f"({per_mcp / per_plain:.2f}x)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--sandbox", default="workspace-write")
+    parser.add_argument("--login", action="store_true", help="bash -lc (the tool's default)")
+    parser.add_argument("--mode", choices=("legacy", "auto"), default="legacy")
+    asyncio.run(measure(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""``execgate approvals``: list and answer the approvals running ``execgate mcp`` servers wait for.
+
+For MCP clients that cannot ask the human themselves (no elicitation), and for answering from
+another terminal in general. Servers are found through ``$EXECGATE_HOME/run/`` (see
+:mod:`execgate.mcp_front.control`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from execgate.errors import ExecgateError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "approvals",
+        help="list and answer the approvals running `execgate mcp` servers wait for",
+        description=(
+            "List the commands running `execgate mcp` servers are waiting to have approved, "
+            "and allow or deny them by ID."
+        ),
+    )
+    commands = parser.add_subparsers(dest="approvals_command", metavar="ACTION")
+    parser.set_defaults(handler=run_list, json=False)  # `execgate approvals` alone: list
+
+    listing = commands.add_parser("list", help="list pending approvals (the default)")
+    listing.add_argument("--json", action="store_true", help="print JSON (one object)")
+    listing.set_defaults(handler=run_list)
+
+    allow = commands.add_parser("allow", help="let a pending command run")
+    allow.add_argument(
+        "id", metavar="ID", help="the approval's ID (from `execgate approvals list`)"
+    )
+    scope = allow.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--session",
+        action="store_true",
+        help="also allow this command prefix for the rest of that MCP session",
+    )
+    scope.add_argument(
+        "--always",
+        action="store_true",
+        help="also allow it from now on (appends an allow rule to your rules file)",
+    )
+    allow.add_argument("--reason", metavar="TEXT", help="why (recorded in the server's log)")
+    allow.set_defaults(handler=run_allow)
+
+    deny = commands.add_parser("deny", help="refuse a pending command")
+    deny.add_argument("id", metavar="ID", help="the approval's ID (from `execgate approvals list`)")
+    deny.add_argument("--reason", metavar="TEXT", help="why (shown to the agent)")
+    deny.set_defaults(handler=run_deny)
+
+
+def _servers() -> list[Any]:
+    from execgate.mcp_front.control import running_servers
+
+    return running_servers()
+
+
+def _listings() -> list[tuple[Any, dict[str, Any]]]:
+    from execgate.mcp_front.control import request
+
+    found = []
+    for server in _servers():
+        try:
+            reply = request(server, {"op": "list"})
+        except ExecgateError as exc:
+            print(f"execgate: warning: {exc}", file=sys.stderr)
+            continue
+        if reply.get("ok"):
+            found.append((server, reply))
+    return found
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds}s" if seconds < 120 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from execgate.mcp_front.control import run_dir
+
+    listings = _listings()
+    if args.json:
+        servers = [
+            {"pid": server.pid, "socket": str(server.socket), **reply.get("server", {}),
+             "pending": reply.get("pending", [])}
+            for server, reply in listings
+        ]  # fmt: skip
+        print(json.dumps({"servers": servers}, ensure_ascii=False, indent=2))
+        return 0
+    if not listings:
+        print(f"no execgate mcp server is running (looked in {run_dir()})")
+        return 0
+    pending = [(server, q) for server, reply in listings for q in reply.get("pending", [])]
+    if not pending:
+        pids = ", ".join(str(server.pid) for server, _ in listings)
+        print(f"no pending approvals (servers running: {pids})")
+        return 0
+    now = time.time()
+    for server, q in pending:
+        options = "once, session" + (", always" if q.get("offer_always") else "") + ", deny"
+        print(f"{q['id']}  waiting {_age(now - q.get('asked_at', now))}  {q['command']}")
+        print(f"    program: {q['program']}")
+        print(f"    argv:    {json.dumps(q['argv'], ensure_ascii=False)}")
+        print(f"    cwd:     {q['cwd']}")
+        for rule in q.get("rules", []):
+            print(f"    rule:    {rule['location']} (prefix `{' '.join(rule['prefix'])}`)")
+        if q.get("justification"):
+            print(f"    why:     {q['justification']}")
+        call = q.get("tool_call", {})
+        print(f"    agent's command: {call.get('command', '')}  (in {call.get('workdir', '')})")
+        print(f"    server:  pid {server.pid}; asked via {q.get('asked_via')}; answers: {options}")
+        print(f"    answer:  execgate approvals allow|deny {q['id']}")
+    return 0
+
+
+def _find(question_id: str) -> Any:
+    """The server holding approval ``question_id`` (``PID.N``, or ``N`` if only one matches)."""
+    servers = _servers()
+    if not servers:
+        raise ExecgateError("no execgate mcp server is running")
+    pid_part, dot, _ = question_id.partition(".")
+    if dot and pid_part.isdigit():
+        for server in servers:
+            if server.pid == int(pid_part):
+                return server
+        raise ExecgateError(
+            f"no running execgate mcp server has approval {question_id} "
+            "(execgate approvals list shows the pending ones)"
+        )
+    matches = [
+        (server, q["id"])
+        for server, reply in _listings()
+        for q in reply.get("pending", [])
+        if q["id"].rpartition(".")[2] == question_id
+    ]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise ExecgateError(f"no pending approval {question_id} (execgate approvals list)")
+    raise ExecgateError(
+        f"approval {question_id} is ambiguous: "
+        + ", ".join(full for _, full in matches)
+        + "; give the full ID"
+    )
+
+
+def _answer(question_id: str, answer: str, reason: str | None) -> int:
+    from execgate.mcp_front.control import request
+
+    found = _find(question_id)
+    server, full_id = found if isinstance(found, tuple) else (found, question_id)
+    reply = request(server, {"op": "answer", "id": full_id, "answer": answer, "reason": reason})
+    if not reply.get("ok"):
+        raise ExecgateError(str(reply.get("error", "the server refused the answer")))
+    verb = "denied" if answer == "deny" else f"allowed ({answer})"
+    print(f"{full_id}: {verb}: {reply.get('command', '')}")
+    return 0
+
+
+def run_allow(args: argparse.Namespace) -> int:
+    answer = "always" if args.always else "session" if args.session else "once"
+    return _answer(args.id, answer, args.reason)
+
+
+def run_deny(args: argparse.Namespace) -> int:
+    return _answer(args.id, "deny", args.reason)

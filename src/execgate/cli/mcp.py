@@ -1,0 +1,144 @@
+"""``execgate mcp``: serve the gated ``shell`` tool over MCP (stdio). See docs/mcp.md."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from execgate.config import load_config
+from execgate.errors import ExecgateError
+from execgate.sandbox import SandboxSpec, add_sandbox_arguments, require_support, sandbox_from_args
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "mcp",
+        help="serve a gated `shell` tool to an MCP client (Codex, Claude Code, Cursor, ...)",
+        description=(
+            "Serve MCP over stdin/stdout with one tool, `shell` (a drop-in for Codex's shell-tool "
+            "MCP server): each call runs `bash -lc COMMAND` in its own session, every program it "
+            "starts is decided by policy, and prompts are put to the human through the client "
+            "(elicitation) or answered with `execgate approvals`. Logs go to stderr."
+        ),
+    )
+    parser.add_argument(
+        "--rules",
+        "-r",
+        action="append",
+        type=Path,
+        metavar="FILE",
+        help="use exactly these rules files instead of the layered policy (repeatable)",
+    )
+    parser.add_argument(
+        "--shell",
+        metavar="PATH",
+        help="the shell that runs commands (default: bash from PATH)",
+    )
+    parser.add_argument(
+        "--no-login",
+        dest="default_login",
+        action="store_false",
+        help="when a call does not say `login`, run `bash -c` instead of `bash -lc` "
+        "(skips the profile scripts)",
+    )
+    parser.add_argument(
+        "--on-prompt",
+        choices=("ask", "deny"),
+        default="ask",
+        help="what to do when policy says prompt (default: ask the human)",
+    )
+    parser.add_argument(
+        "--elicitation",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="ask through the client: when it declares elicitation (auto, the default; Codex "
+        "clients too), also when it does not (always), or never (only `execgate approvals`)",
+    )
+    parser.add_argument(
+        "--approval-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="deny a prompt nobody answers within this time (default: approval_timeout in "
+        "config.toml, else 300)",
+    )
+    parser.add_argument(
+        "--audit",
+        type=Path,
+        metavar="FILE",
+        help="append every exec decision and every human answer to FILE as JSON lines",
+    )
+    parser.add_argument(
+        "--reload-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="how often to look for changed rules files between calls (default 1; every call "
+        "also looks when it starts)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debugging detail")
+    parser.add_argument("-q", "--quiet", action="store_true", help="log only warnings and errors")
+    add_sandbox_arguments(parser, default_mode="workspace-write")
+    parser.set_defaults(handler=run_mcp)
+
+
+def _shell(value: str | None) -> str:
+    if value is None:
+        found = shutil.which("bash") or ("/bin/bash" if os.path.exists("/bin/bash") else None)
+        if found is None:
+            raise ExecgateError("no bash found on PATH; name a shell with --shell PATH")
+        return os.path.abspath(found)
+    path = value if "/" in value else shutil.which(value)
+    if path is None or not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise ExecgateError(f"--shell {value}: not an executable file")
+    return os.path.abspath(path)
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("execgate mcp: %(levelname)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.getLogger("execgate").setLevel(level)
+
+
+def run_mcp(args: argparse.Namespace) -> int:
+    from execgate.mcp_front import McpOptions, serve
+
+    _configure_logging(args)
+    config = load_config()
+    cwd = Path.cwd()
+    approval_timeout = (
+        args.approval_timeout if args.approval_timeout is not None else config.approval_timeout
+    )
+    if approval_timeout <= 0:
+        raise ExecgateError("--approval-timeout must be positive")
+    if args.reload_interval <= 0:
+        raise ExecgateError("--reload-interval must be positive")
+
+    def sandbox_for(workdir: Path) -> SandboxSpec:
+        return sandbox_from_args(args, config.sandbox, cwd=workdir, default_mode="workspace-write")
+
+    require_support(sandbox_for(cwd))  # a profile this kernel cannot enforce: say so now
+    options = McpOptions(
+        shell=_shell(args.shell),
+        sandbox_for=sandbox_for,
+        config=config,
+        approval_timeout=approval_timeout,
+        rules=args.rules,
+        default_login=args.default_login,
+        audit=args.audit,
+        on_prompt_deny=args.on_prompt == "deny",
+        elicitation=args.elicitation,
+        reload_interval=args.reload_interval,
+        cwd=cwd,
+    )
+    asyncio.run(serve(options))
+    return 0

@@ -1,0 +1,231 @@
+"""Helpers for end-to-end tests of ``execgate mcp``: a real server started as a subprocess and
+driven by the MCP SDK's client over stdio, in homes of its own."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+from mcp.client.client import Client
+from mcp.client.session import ClientRequestContext
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+EXECGATE = [sys.executable, "-m", "execgate"]
+#: Confine to the workdir only (pytest's tmp dirs live under /tmp, writable by default).
+WS = ["--sandbox", "workspace-write", "--exclude-tmp", "--exclude-tmpdir"]
+
+Elicit = Callable[[ClientRequestContext, types.ElicitRequestParams], Any]
+
+
+@dataclass
+class Elicitations:
+    """An elicitation callback that answers from a script and records what it was asked."""
+
+    answers: list[types.ElicitResult | Callable[[], Any]] = field(default_factory=list)
+    asked: list[types.ElicitRequestFormParams] = field(default_factory=list)
+    default: types.ElicitResult | None = None
+
+    async def __call__(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult:
+        assert isinstance(params, types.ElicitRequestFormParams), params
+        self.asked.append(params)
+        answer = self.answers.pop(0) if self.answers else self.default
+        if answer is None:
+            raise AssertionError(f"unexpected elicitation: {params.message}")
+        if callable(answer):
+            answer = await answer()
+        assert isinstance(answer, types.ElicitResult)
+        return answer
+
+
+def accept(decision: str | None = "once", reason: str | None = None) -> types.ElicitResult:
+    content: dict[str, Any] = {}
+    if decision is not None:
+        content["decision"] = decision
+    if reason is not None:
+        content["reason"] = reason
+    return types.ElicitResult(action="accept", content=content)
+
+
+@dataclass
+class Mcp:
+    """One test's world: isolated homes, a workdir, a rules file, tagged programs."""
+
+    root: Path
+    work: Path
+    outside: Path  # a directory the sandbox does not let the shell write
+    env: dict[str, str]
+    rules: Path
+    bin: Path
+    tag: str  # unique per test: every long-running test program carries it in its name
+    logs: list[Path] = field(default_factory=list)
+
+    def write_rules(self, text: str, path: Path | None = None) -> Path:
+        path = path or self.rules
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    @property
+    def sleeper(self) -> str:
+        """A copy of sleep named with the tag (rules can allow it: it then escalates)."""
+        return f"{self.tag}-sleep"
+
+    @property
+    def napper(self) -> str:
+        """A copy of sleep named with the tag, matched by no rule (runs in the sandbox)."""
+        return f"{self.tag}-nap"
+
+    def server_args(self, *options: str, rules: bool = True) -> list[str]:
+        return ["-m", "execgate", "mcp", *(["--rules", str(self.rules)] if rules else []), *options]
+
+    @contextlib.asynccontextmanager
+    async def client(
+        self,
+        *options: str,
+        mode: str = "legacy",
+        elicit: Elicit | None = None,
+        rules: bool = True,
+        **kwargs: Any,
+    ) -> AsyncIterator[Client]:
+        """``execgate mcp [--rules RULES] OPTIONS`` driven by the SDK's client; its stderr goes to
+        :meth:`log`."""
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=self.server_args(*options, rules=rules),
+            env=self.env,
+            cwd=self.work,
+        )
+        log_path = self.root / f"server-{len(self.logs)}.log"
+        self.logs.append(log_path)
+        with log_path.open("w") as errlog:
+            transport = stdio_client(params, errlog=errlog)
+            async with Client(
+                transport, mode=mode, elicitation_callback=elicit, **kwargs
+            ) as client:
+                yield client
+
+    def log(self) -> str:
+        return "\n".join(p.read_text() for p in self.logs if p.exists())
+
+    def leftovers(self) -> list[str]:
+        """Processes whose command line carries this test's tag."""
+        found = subprocess.run(["pgrep", "-af", self.tag], capture_output=True, text=True)
+        return [line for line in found.stdout.splitlines() if "pgrep" not in line]
+
+    def wait_for(
+        self, condition: Callable[[], Any], what: str, timeout: float = 30.0
+    ) -> Any:  # a failure guard, not a synchronisation delay
+        deadline = time.monotonic() + timeout
+        while True:
+            value = condition()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(0.05)
+
+    def approvals(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*EXECGATE, "approvals", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=check,
+        )
+
+    def pending(self) -> list[dict[str, Any]]:
+        listing = json.loads(self.approvals("list", "--json", check=True).stdout)
+        return [q for server in listing["servers"] for q in server["pending"]]
+
+
+def make_world(tmp_path: Path) -> Mcp:
+    root = tmp_path
+    work = root / "work"
+    outside = root / "outside"
+    for d in (work, outside):
+        d.mkdir()
+    homes = {
+        "HOME": root / "home",
+        "EXECGATE_HOME": root / "execgate-home",
+        "EXECGATE_SYSTEM_DIR": root / "etc-execgate",
+        "CODEX_HOME": root / "codex-home",
+        "EXECGATE_CODEX_SYSTEM_DIR": root / "etc-codex",
+    }
+    for path in homes.values():
+        path.mkdir()
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    tag = f"egtag{uuid.uuid4().hex[:12]}"
+    sleep = shutil.which("sleep")
+    true = shutil.which("true")
+    assert sleep and true
+    for name in (f"{tag}-sleep", f"{tag}-nap"):
+        shutil.copy(sleep, bin_dir / name)
+    for name in ("askme", "marker", "other"):
+        (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} ran:$*"\n')
+        (bin_dir / name).chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+        "LANG": "C.UTF-8",
+        **{k: str(v) for k, v in homes.items()},
+    }
+    m = Mcp(root=root, work=work, outside=outside, env=env, rules=root / "test.rules", bin=bin_dir,
+            tag=tag)  # fmt: skip
+    m.write_rules(
+        """\
+        prefix_rule(["marker"], "forbidden", justification="marker must not run")
+        prefix_rule(["askme"], "prompt", justification="askme needs a human")
+        """
+    )
+    return m
+
+
+def clean_up(m: Mcp) -> None:
+    for line in m.leftovers():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(line.split()[0]), 9)
+
+
+def payload(result: types.CallToolResult) -> dict[str, Any]:
+    """The Codex JSON of a successful ``shell`` result (and a check that both forms agree)."""
+    assert not result.is_error, result.content
+    text = result.content[0]
+    assert isinstance(text, types.TextContent)
+    data: dict[str, Any] = json.loads(text.text)
+    assert list(data) == ["exit_code", "output", "duration", "timed_out"]
+    structured = result.structured_content
+    assert isinstance(structured, dict)
+    assert {k: v for k, v in structured.items() if k != "truncated_bytes"} == data
+    return data
+
+
+def error_text(result: types.CallToolResult) -> str:
+    assert result.is_error, result
+    text = result.content[0]
+    assert isinstance(text, types.TextContent)
+    return text.text
+
+
+def shell_args(m: Mcp, command: str, **extra: Any) -> dict[str, Any]:
+    """Arguments for ``shell`` in the test's workdir. Non-login by default: a login shell's
+    /etc/profile resets PATH, and the tests' programs live in a PATH directory of their own."""
+    return {"command": command, "workdir": str(m.work), "login": False, **extra}
+
+
+def run_python(args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*EXECGATE, *args], capture_output=True, text=True, **kwargs)

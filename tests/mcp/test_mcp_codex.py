@@ -1,0 +1,166 @@
+"""Codex interop: `codex/sandbox-state/update` maps Codex's sandbox policy onto execgate's
+profiles, and the wire format is the one Codex's client reads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from typing import Any, Literal
+
+import mcp_types as types
+import pytest
+from mcp.shared.exceptions import MCPError
+from mcpharness import WS, Mcp, payload, shell_args
+
+
+class SandboxStateUpdate(types.Request[dict[str, Any], Literal["codex/sandbox-state/update"]]):
+    method: Literal["codex/sandbox-state/update"] = "codex/sandbox-state/update"
+    params: dict[str, Any]
+
+
+def _write_probe(mcp: Mcp) -> str:
+    return (
+        f"echo a > {mcp.work}/w; echo work=$?; echo b > {mcp.outside}/o; echo outside=$?; "
+        f"echo c > {mcp.root}/extra/e; echo extra=$?"
+    )
+
+
+def _verdicts(output: str) -> dict[str, str]:
+    return dict(line.split("=") for line in output.splitlines() if "=" in line and " " not in line)
+
+
+def test_sandbox_state_update_maps_codex_policies(mcp: Mcp) -> None:
+    (mcp.root / "extra").mkdir()
+
+    async def update(client: Any, params: dict[str, Any]) -> None:
+        await client.session.send_request(SandboxStateUpdate(params=params), types.EmptyResult)
+
+    async def writes(client: Any) -> dict[str, str]:
+        data = payload(await client.call_tool("shell", shell_args(mcp, _write_probe(mcp))))
+        return _verdicts(data["output"])
+
+    async def scenario() -> None:
+        async with mcp.client(*WS) as client:
+            # before any update: the configured profile (workspace-write on the workdir)
+            assert await writes(client) == {"work": "0", "outside": "1", "extra": "1"}
+            # newer Codex clients may send the state with each call instead
+            per_call = {"sandboxPolicy": {"type": "danger-full-access"}, "sandboxCwd": "/"}
+            result = await client.call_tool(
+                "shell",
+                shell_args(mcp, _write_probe(mcp)),
+                meta={"codex/sandbox-state-meta": per_call},
+            )
+            assert _verdicts(payload(result)["output"]) == {
+                "work": "0",
+                "outside": "0",
+                "extra": "0",
+            }
+            assert await writes(client) == {"work": "0", "outside": "1", "extra": "1"}
+            await update(client, {"sandboxPolicy": {"type": "danger-full-access"},
+                                  "sandboxCwd": str(mcp.work)})  # fmt: skip
+            assert await writes(client) == {"work": "0", "outside": "0", "extra": "0"}
+            await update(client, {"sandboxPolicy": {"type": "read-only"},
+                                  "sandboxCwd": str(mcp.work)})  # fmt: skip
+            assert await writes(client) == {"work": "1", "outside": "1", "extra": "1"}
+            await update(
+                client,
+                {
+                    "sandboxPolicy": {
+                        "type": "workspace-write",
+                        "writable_roots": [str(mcp.root / "extra")],
+                        "network_access": False,
+                        "exclude_tmpdir_env_var": True,
+                        "exclude_slash_tmp": True,
+                    },
+                    "sandboxCwd": str(mcp.work),
+                    "codexLinuxSandboxExe": None,
+                },
+            )
+            assert await writes(client) == {"work": "0", "outside": "1", "extra": "0"}
+            # Codex's errors for bad requests
+            with pytest.raises(MCPError) as raised:
+                await update(client, {"sandboxPolicy": {"type": "Bogus"}, "sandboxCwd": "/"})
+            assert raised.value.error.code == -32602
+            assert raised.value.error.message == "failed to deserialize sandbox state"
+            with pytest.raises(MCPError) as raised:
+                await update(client, {"sandbox_policy": {"type": "read-only"}, "sandbox_cwd": "/"})
+            assert raised.value.error.message == "failed to deserialize sandbox state"
+            with pytest.raises(MCPError) as raised:
+                await update(client, {})
+            assert raised.value.error.message == "missing params for sandbox state request"
+            # a rejected update changed nothing
+            assert await writes(client) == {"work": "0", "outside": "1", "extra": "0"}
+
+    asyncio.run(scenario())
+
+
+def test_raw_wire_exchange_as_codex_sends_it(mcp: Mcp) -> None:
+    """Byte-level check of what a Codex client sends and reads (protocol 2025-06-18, no client
+    capabilities, the sandbox state first)."""
+    messages = [
+        {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "codex-mcp-client", "version": "0.97.0"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 1, "method": "codex/sandbox-state/update",
+         "params": {"sandboxPolicy": {"type": "danger-full-access"}, "sandboxCwd": str(mcp.work)}},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+         "params": {"name": "shell", "arguments": {"command": "printf 'a\\0b'; echo e >&2; exit 3",
+                                                   "workdir": str(mcp.work), "login": False}}},
+        # a prompt: Codex declares no elicitation capability but answers elicitation requests
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+         "params": {"name": "shell", "arguments": {"command": "askme yes",
+                                                   "workdir": str(mcp.work), "login": False}}},
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, *mcp.server_args()],
+        env=mcp.env,
+        cwd=mcp.work,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert process.stdin and process.stdout
+    replies: dict[int, dict[str, Any]] = {}
+    raw: dict[int, bytes] = {}
+    elicitations: list[dict[str, Any]] = []
+    for message in messages:
+        process.stdin.write(json.dumps(message).encode() + b"\n")
+        process.stdin.flush()
+        if "id" not in message:
+            continue
+        while message["id"] not in replies:
+            line = process.stdout.readline()
+            assert line, "server closed stdout"
+            reply = json.loads(line)
+            if reply.get("method") == "elicitation/create":  # answer as Codex does: accept, {}
+                elicitations.append(reply["params"])
+                answer = {"jsonrpc": "2.0", "id": reply["id"],
+                          "result": {"action": "accept", "content": {}}}  # fmt: skip
+                process.stdin.write(json.dumps(answer).encode() + b"\n")
+                process.stdin.flush()
+            elif "id" in reply:
+                replies[reply["id"]] = reply
+                raw[reply["id"]] = line
+    process.stdin.close()
+    assert process.wait(timeout=60) == 0
+
+    init = replies[0]["result"]
+    assert init["protocolVersion"] == "2025-06-18"
+    assert init["capabilities"]["experimental"] == {"codex/sandbox-state": {"version": "1.0.0"}}
+    assert init["capabilities"]["tools"] == {"listChanged": False}
+    assert replies[1]["result"] == {}
+    result = replies[2]["result"]
+    assert result["isError"] is False
+    [item] = result["content"]
+    assert item["type"] == "text"
+    text = item["text"]
+    assert text.startswith('{"exit_code":3,"output":"a\\u0000be\\n","duration":{"secs":0,"nanos":')
+    assert text.endswith('},"timed_out":false}')
+    assert result["structuredContent"]["output"] == "a\x00be\n"
+    assert b'"structuredContent"' in raw[2]
+    [asked] = elicitations
+    assert "`askme yes` requires approval" in asked["message"]
+    assert json.loads(replies[3]["result"]["content"][0]["text"])["output"] == "askme ran:yes\n"

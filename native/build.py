@@ -21,12 +21,12 @@ NATIVE = Path(__file__).resolve().parent
 # target -> (sources, extra flags). Headers in native/ are dependencies of every target.
 TARGETS: dict[str, tuple[list[str], list[str]]] = {
     "libexecgate.so": (
-        ["interpose.c", "gate.c", "common.c"],
+        ["interpose.c", "gate.c", "claim.c", "common.c"],
         ["-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-z,now", "-Wl,-z,noseparate-code"],
     ),
     # static: no dynamic loader and no preloaded interposer in the wrapper itself, which every
     # escalation and every patched-shell exec starts
-    "execgate-wrapper": (["wrapper.c", "gate.c", "common.c"], ["-static"]),
+    "execgate-wrapper": (["wrapper.c", "gate.c", "claim.c", "common.c"], ["-static"]),
     "execgate-launch": (["launch.c", "sandbox.c", "common.c"], []),
 }
 

@@ -266,7 +266,7 @@ void eg_session_load(char *const *envp, const char *preload_self)
     S->ok = 0;
     S->reason = "";
     S->snap = S->wrapper = S->preload = "";
-    S->sock[0] = S->token[0] = '\0';
+    S->sock[0] = S->token[0] = S->claim[0] = '\0';
 
     if (!sock || !*sock)
         S->reason = "EXECGATE_SOCKET is not set";
@@ -288,6 +288,11 @@ void eg_session_load(char *const *envp, const char *preload_self)
         memcpy(snap, S->sock, dir);
         memcpy(snap + dir, "/policy.snap", sizeof "/policy.snap");
         S->snap = arena_put(NULL, snap, strlen(snap));
+        static const char claim[] = "/claim.sock";
+        if (dir + sizeof claim <= sizeof S->claim) {
+            memcpy(S->claim, S->sock, dir);
+            memcpy(S->claim + dir, claim, sizeof claim);
+        }
     }
     if (wrapper && wrapper[0] == '/' && strlen(wrapper) < EG_PATH)
         S->wrapper = arena_put(NULL, wrapper, strlen(wrapper));
@@ -765,8 +770,10 @@ static int snap_match(const struct snap_map *m, const struct prog *p)
         return 1;
     if (snap_name_str(m, p->real) || snap_name_str(m, eg_basename(p->real)))
         return 1;
-    if (p->kind == K_SCRIPT &&
-        (snap_name_str(m, p->interp) || snap_name_str(m, eg_basename(p->interp))))
+    /* A script runs its interpreter, which may be a symlink, a hard link or itself a script
+     * (the kernel follows up to four): only the server can resolve all that, so scripts
+     * always ask. Starting an interpreter costs far more than the round trip. */
+    if (p->kind == K_SCRIPT)
         return 1;
     return 0;
 }

@@ -28,6 +28,7 @@ struct eg_session {
     const char *reason;            /* why not ok */
     char sock[EG_SUN_PATH];        /* EXECGATE_SOCKET */
     char token[EG_TOKEN_LEN + 1];  /* EXECGATE_TOKEN */
+    char claim[EG_SUN_PATH];       /* <dir of the socket>/claim.sock ("" if it does not fit) */
     /* the strings below are never NULL ("" when unknown) */
     const char *snap;              /* <dir of the socket>/policy.snap */
     const char *wrapper;           /* EXECGATE_WRAPPER */
@@ -51,7 +52,8 @@ const char *eg_getenv(char *const *envp, const char *name);
 enum eg_how {
     EG_HOW_FD,    /* execveat(fd, "", argv, envp, AT_EMPTY_PATH): exactly the checked file */
     EG_HOW_PATH,  /* execve(path, …): scripts (the interpreter needs the path) */
-    EG_HOW_CLAIM, /* escalation: exec the wrapper, path = wrapper, argv = [execgate-claim, TICKET] */
+    EG_HOW_CLAIM, /* escalation: claim TICKET (argv: the command) in this process (eg_claim)
+                   * or exec the wrapper, path = wrapper, argv = [execgate-claim, TICKET] */
 };
 
 struct eg_plan {
@@ -108,6 +110,17 @@ int eg_sys_execveat(int dirfd, const char *path, char *const *argv, char *const 
 /* Carry out a plan with a raw exec syscall (the exec family and the wrapper's run). Returns an
  * errno value on failure. */
 int eg_exec_plan(const struct eg_plan *plan);
+
+/* Claim an escalation ticket (protocol §4) at the launcher's claim socket, in the calling
+ * process, and end the process the way the escalated program ended: _exit with its code, or die
+ * by its signal; a denial prints its message and exits 126 (127 for a missing program).
+ * cmd: the command, for messages (NULL: unknown). in_process: the caller is a program that was
+ * exec'ing, not the wrapper: the process turns into the claim as an exec would have turned it
+ * into the wrapper (caught signals reset to their default, every descriptor but the claim's
+ * closed once it is sent). The caller must be single-threaded (other threads would go on
+ * running) and must not be a vfork child (its parent waits for an exec). Async-signal-safe. */
+__attribute__((noreturn)) void eg_claim(const char *ticket, char *const *envp, char *const *cmd,
+                                        int in_process);
 
 /* Small helpers. */
 const char *eg_basename(const char *path);

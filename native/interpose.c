@@ -9,6 +9,11 @@
  * The exec path is async-signal-safe and vfork-safe: no malloc, no stdio, no locks; the real
  * posix_spawn/pclose are resolved in the constructor (dlsym is not safe in a vfork child), and
  * execs are raw syscalls (so nothing here is re-entered).
+ *
+ * An escalated exec is claimed in this very process (eg_claim) when that is safe: the process
+ * is not a vfork child (whose parent is suspended until the exec) and has no other thread (an
+ * exec would end them). Otherwise it execs the wrapper in claim mode, as posix_spawn always
+ * does (its caller needs a pid that becomes the program).
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -20,7 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
+#include <pthread.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,6 +45,13 @@ typedef int (*pclose_fn)(FILE *);
 
 static spawn_fn real_posix_spawn;
 static pclose_fn real_pclose;
+
+/* The pid of this process as of its start or its fork(): a process whose getpid() differs is a
+ * vfork child (glibc runs atfork handlers for fork(), not for vfork() or posix_spawn's clone),
+ * or was made by a raw clone. */
+static pid_t own_pid;
+
+static void forked_child(void) { own_pid = (pid_t)syscall(SYS_getpid); }
 
 /* ---------------------------------------------------------------- load */
 
@@ -63,6 +78,8 @@ static void restore_comm(char **argv)
 
 __attribute__((constructor)) static void execgate_init(int argc, char **argv, char **envp)
 {
+    own_pid = getpid();
+    pthread_atfork(NULL, NULL, forked_child);
     real_posix_spawn = (spawn_fn)dlsym(RTLD_NEXT, "posix_spawn");
     real_pclose = (pclose_fn)dlsym(RTLD_NEXT, "pclose");
     Dl_info info;
@@ -83,7 +100,23 @@ static inline const void *launder(const void *p)
     return p;
 }
 
-static int exec_run(void *ctx, const struct eg_plan *plan) { return eg_exec_plan(plan); }
+/* May this exec turn the process into the claim itself? Not in a vfork child (or anything but
+ * the process we started as or forked into), and not with other threads: an exec would have
+ * ended them, a claim would let them run on (/proc/self/task has 2 + threads links). */
+static int claim_here(void)
+{
+    if ((pid_t)syscall(SYS_getpid) != own_pid)
+        return 0;
+    struct stat st;
+    return stat("/proc/self/task", &st) == 0 && st.st_nlink == 3;
+}
+
+static int exec_run(void *ctx, const struct eg_plan *plan)
+{
+    if (plan->how == EG_HOW_CLAIM && claim_here())
+        eg_claim(plan->ticket, plan->envp, plan->argv, 1);
+    return eg_exec_plan(plan);
+}
 
 static int exec_call(struct eg_call *c)
 {

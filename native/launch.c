@@ -1,6 +1,6 @@
-/* execgate-launch: the per-session supervisor (docs/protocol.md §7, docs/sandbox.md).
+/* execgate-launch: the per-session supervisor (docs/protocol.md §4, §7, docs/sandbox.md).
  *
- *   execgate-launch --control FD [SANDBOX OPTIONS]
+ *   execgate-launch --control FD [--claim-fd FD] [SANDBOX OPTIONS]
  *   execgate-launch --probe [SANDBOX OPTIONS]
  *
  * A child subreaper: every process of the session stays its descendant. It spawns what the
@@ -8,8 +8,16 @@
  * and at the end (shutdown request, control channel EOF, SIGTERM) kills every descendant,
  * including daemons that setsid'ed or double-forked, and reaps them all before exiting.
  *
- * Single-threaded; one poll() loop over the control socket, a signalfd (SIGCHLD, SIGTERM) and
- * the close-on-exec error pipes of spawns that have not exec'ed yet.
+ * Escalations: the server authorizes a ticket (what to run, how to build its environment) on
+ * the control channel; the claimer (the interposer in the exec'ing process, or the wrapper)
+ * then connects to the claim socket with its descriptors and environment, and the launcher
+ * spawns the program unconfined, forwards the claimer's signals and answers its exit status.
+ * The server is not involved in a claim at all.
+ *
+ * Single-threaded; one poll() loop over the control socket, a signalfd (SIGCHLD, SIGTERM), the
+ * claim socket and its connections (read without blocking, each into its own buffer, so a
+ * claimer that sends half a frame stalls nobody) and the close-on-exec error pipes of spawns
+ * that have not exec'ed yet.
  */
 #include "common.h"
 #include "sandbox.h"
@@ -25,9 +33,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -48,10 +59,15 @@
 #define MAX_GRACE_MS 600000
 #define KILL_ROUNDS_MS 10000 /* bound on the SIGKILL rounds of a shutdown */
 #define MSG_CAP 1024
+#define MAX_LIFETIME_MS 3600000LL /* bound on a ticket's lifetime */
+#define MAX_CONNS 4096             /* claim connections open at once */
+#define MAX_TICKET 255
 
 static const int IGNORED_SIGNALS[] = {SIGINT, SIGQUIT, SIGTSTP, SIGTTIN, SIGTTOU, SIGHUP, SIGPIPE};
 
 enum state { P_PENDING, P_RUNNING, P_FAILED };
+
+struct conn;
 
 struct proc {
     long long id;
@@ -60,6 +76,34 @@ struct proc {
     enum state state;
     int main;     /* FLAGS had `main` */
     pid_t pgid;   /* its process group, for a main that took the terminal */
+    struct conn *conn; /* an escalated program: its claimer's connection (no events sent) */
+};
+
+/* A claim connection (protocol §4). It lives while its socket is open or its program has not
+ * been reaped. */
+struct conn {
+    int fd;                   /* -1 once closed */
+    pid_t peer;               /* SO_PEERCRED pid of the claimer */
+    int claimed;              /* the claim frame has been handled */
+    pid_t pid;                /* the escalated program until it is reaped, else 0 */
+    int running;              /* it exec'ed: signals go to it directly */
+    unsigned long long held;  /* signals that arrived before it exec'ed (bit n-1: signal n) */
+    char *in;                 /* bytes read and not consumed yet */
+    size_t inlen, incap;
+    int fds[EG_MAX_FDS];      /* descriptors that came with the claim */
+    int nfds;
+    int bad;                  /* too many or truncated descriptors: malformed */
+    char *display;            /* the command, for messages */
+    struct conn *next_dead;
+};
+
+/* An authorized escalation (control message `authorize`). Every string points into mem. */
+struct ticket {
+    struct ticket *next;
+    char *mem;
+    const char *id, *token, *display, *path, *cwd;
+    char **argv, **drop, **prefix, **keep, **set; /* NULL-terminated */
+    long long expires;        /* now_ms() deadline */
 };
 
 static struct sb_config g_sandbox;
@@ -70,6 +114,15 @@ static pid_t g_self, g_pgrp;
 static struct rlimit g_nofile; /* as inherited: restored in children */
 static struct proc *g_procs;
 static size_t g_nprocs, g_capprocs;
+static int g_claim = -1;      /* the claim socket (listening), or -1 */
+static uid_t g_uid;
+static struct conn **g_conns; /* open claim connections */
+static size_t g_nconns, g_capconns;
+static struct conn *g_dead;   /* released this round, freed at the top of the next */
+static struct ticket *g_tickets;
+static long long g_accept_paused; /* now_ms() until which the claim socket is not polled */
+static int g_reset[NSIG];     /* signals not at their default disposition here: reset in children */
+static int g_nreset;
 
 static void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
@@ -155,10 +208,14 @@ static struct proc *find_pid(pid_t pid)
 static struct proc *find_id(long long id)
 {
     for (size_t i = 0; i < g_nprocs; i++)
-        if (g_procs[i].id == id)
+        if (g_procs[i].id == id && !g_procs[i].conn)
             return &g_procs[i];
     return NULL;
 }
+
+static void claim_failed(struct conn *c, const char *message);
+static void claim_running(struct conn *c);
+static void claim_ended(struct conn *c, int ran, int status);
 
 static void remove_proc(struct proc *p)
 {
@@ -187,9 +244,16 @@ static void resolve(struct proc *p)
     if (got >= sizeof buf.err) {
         ((char *)&buf)[got] = '\0';
         p->state = P_FAILED;
-        send_failed(p->id, buf.err, buf.msg);
+        if (p->conn)
+            claim_failed(p->conn, buf.msg);
+        else
+            send_failed(p->id, buf.err, buf.msg);
     } else {
         p->state = P_RUNNING;
+        if (p->conn) {
+            claim_running(p->conn);
+            return;
+        }
         if (p->main)
             p->pgid = getpgid(p->pid);
         send_spawned(p->id, p->pid);
@@ -229,7 +293,9 @@ static int reap(void)
             continue; /* an orphan we inherited */
         if (p->state == P_PENDING)
             resolve(p);
-        if (p->state == P_RUNNING) {
+        if (p->conn) {
+            claim_ended(p->conn, p->state == P_RUNNING, st);
+        } else if (p->state == P_RUNNING) {
             if (p->main) /* before telling: the server may use the terminal right away */
                 restore_terminal(p->pgid);
             send_exited(p->id, st);
@@ -481,21 +547,35 @@ struct spawn {
     char **argv, **envp;
 };
 
-static void child_fail(int errfd, int err, const char *fmt, ...) __attribute__((noreturn))
-__attribute__((format(printf, 3, 4)));
+/* Why a child failed before (or at) its exec. */
+struct failure {
+    int err;
+    char msg[MSG_CAP];
+};
 
-static void child_fail(int errfd, int err, const char *fmt, ...)
+/* Where a child reports a failure: the error pipe of a fork()ed child (errfd), or the memory
+ * it shares with the launcher (a CLONE_VM | CLONE_VFORK child: the launcher resumes once the
+ * child exec'ed or exited, and then reads it). */
+struct report {
+    int errfd;
+    struct failure *shared;
+};
+
+static void child_fail(struct report *out, int err, const char *fmt, ...)
+    __attribute__((noreturn)) __attribute__((format(printf, 3, 4)));
+
+static void child_fail(struct report *out, int err, const char *fmt, ...)
 {
-    struct {
-        int err;
-        char msg[MSG_CAP];
-    } buf;
-    buf.err = err;
+    struct failure buf;
+    buf.err = err ? err : EINVAL;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(buf.msg, sizeof buf.msg, fmt, ap);
     va_end(ap);
-    (void)eg_write_all(errfd, &buf, sizeof buf.err + strlen(buf.msg));
+    if (out->errfd >= 0)
+        (void)eg_write_all(out->errfd, &buf, sizeof buf.err + strlen(buf.msg));
+    else
+        memcpy(out->shared, &buf, sizeof buf);
     _exit(127);
 }
 
@@ -514,13 +594,8 @@ static void close_from_to(unsigned first, unsigned last)
         close((int)fd);
 }
 
-static int cmp_int(const void *a, const void *b)
-{
-    int x = *(const int *)a, y = *(const int *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* In the child: put src[i] at dst[i], close everything else but errfd (moved above them). */
+/* In the child: put src[i] at dst[i], close everything else but *errfd (moved above them;
+ * -1: none). */
 static int place_fds(const int *src, const int *dst, int n, int *errfd)
 {
     int top = 2;
@@ -528,10 +603,13 @@ static int place_fds(const int *src, const int *dst, int n, int *errfd)
         if (dst[i] > top)
             top = dst[i];
     int moved[EG_MAX_FDS];
-    int e = fcntl(*errfd, F_DUPFD_CLOEXEC, top + 1);
-    if (e < 0)
-        return -errno;
-    *errfd = e;
+    int e = -1;
+    if (*errfd >= 0) {
+        e = fcntl(*errfd, F_DUPFD_CLOEXEC, top + 1);
+        if (e < 0)
+            return -errno;
+        *errfd = e;
+    }
     for (int i = 0; i < n; i++) {
         moved[i] = fcntl(src[i], F_DUPFD_CLOEXEC, top + 1);
         if (moved[i] < 0)
@@ -540,23 +618,33 @@ static int place_fds(const int *src, const int *dst, int n, int *errfd)
     for (int i = 0; i < n; i++)
         if (dup2(moved[i], dst[i]) < 0) /* dup2 leaves dst[i] inheritable */
             return -errno;
-    int sorted[EG_MAX_FDS];
-    memcpy(sorted, dst, sizeof(int) * (size_t)n);
-    qsort(sorted, (size_t)n, sizeof(int), cmp_int);
+    int sorted[EG_MAX_FDS]; /* insertion sort: no qsort (it may allocate) in a vfork child */
+    for (int i = 0; i < n; i++) {
+        int j = i;
+        for (; j > 0 && sorted[j - 1] > dst[i]; j--)
+            sorted[j] = sorted[j - 1];
+        sorted[j] = dst[i];
+    }
     unsigned next = 0;
     for (int i = 0; i < n; i++) {
         if ((unsigned)sorted[i] > next)
             close_from_to(next, (unsigned)sorted[i] - 1);
         next = (unsigned)sorted[i] + 1;
     }
-    close_from_to(next, (unsigned)e - 1);
-    close_from_to((unsigned)e + 1, ~0U);
+    if (e >= 0) {
+        close_from_to(next, (unsigned)e - 1);
+        next = (unsigned)e + 1;
+    }
+    close_from_to(next, ~0U);
     return 0;
 }
 
-static void child(const struct spawn *s, const int *fds, int errfd) __attribute__((noreturn));
+/* The child's side of a spawn. Also runs as a CLONE_VM | CLONE_VFORK child (claims): it may
+ * only touch its own stack and report through `out`. */
+static void child(const struct spawn *s, const int *fds, struct report *out)
+    __attribute__((noreturn));
 
-static void child(const struct spawn *s, const int *fds, int errfd)
+static void child(const struct spawn *s, const int *fds, struct report *out)
 {
     /* Die with the launcher, even if it is SIGKILLed (our descendants are its job anyway). */
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
@@ -579,22 +667,21 @@ static void child(const struct spawn *s, const int *fds, int errfd)
         }
     }
 
-    int r = place_fds(fds, s->dst, s->nfds, &errfd);
+    int r = place_fds(fds, s->dst, s->nfds, &out->errfd);
     if (r < 0)
-        child_fail(errfd, -r, "placing descriptors: %s", strerror(-r));
+        child_fail(out, -r, "placing descriptors: %s", strerror(-r));
 
-    for (int sig = 1; sig < NSIG; sig++)
-        if (sig != SIGKILL && sig != SIGSTOP)
-            signal(sig, SIG_DFL);
+    for (int i = 0; i < g_nreset; i++)
+        signal(g_reset[i], SIG_DFL);
     (void)setrlimit(RLIMIT_NOFILE, &g_nofile);
 
     char msg[MSG_CAP] = "";
     if (s->sandbox) {
         r = sb_apply(&g_sandbox, s->cwd, msg, sizeof msg);
         if (r < 0)
-            child_fail(errfd, -r, "%s", msg[0] ? msg : strerror(-r));
+            child_fail(out, -r, "%s", msg[0] ? msg : strerror(-r));
     } else if (chdir(s->cwd) < 0) {
-        child_fail(errfd, errno, "chdir %s: %s", s->cwd, strerror(errno));
+        child_fail(out, errno, "chdir %s: %s", s->cwd, strerror(errno));
     }
 
     sigset_t none;
@@ -602,7 +689,7 @@ static void child(const struct spawn *s, const int *fds, int errfd)
     sigprocmask(SIG_SETMASK, &none, NULL);
     execve(s->path, s->argv, s->envp);
     int e = errno;
-    child_fail(errfd, e, "exec %s: %s", s->path, strerror(e));
+    child_fail(out, e, "exec %s: %s", s->path, strerror(e));
 }
 
 static int add_proc(const struct proc *p)
@@ -616,6 +703,84 @@ static int add_proc(const struct proc *p)
         g_capprocs = cap;
     }
     g_procs[g_nprocs++] = *p;
+    return 0;
+}
+
+/* Fork the child for s and track it as p (pid and pipe filled in). 0 or -errno (nothing
+ * runs then). */
+static int start_child(const struct spawn *s, const int *fds, struct proc *p)
+{
+    int pipefd[2];
+    if (pipe2(pipefd, O_CLOEXEC) < 0)
+        return -errno;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(pipefd[0]);
+        struct report out = {.errfd = pipefd[1]};
+        child(s, fds, &out);
+    }
+    int e = errno;
+    close(pipefd[1]);
+    if (pid < 0) {
+        close(pipefd[0]);
+        return -e;
+    }
+    p->pid = pid;
+    p->pipe = pipefd[0];
+    if (add_proc(p) < 0) { /* cannot track it: it must not run */
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, __WALL) < 0 && errno == EINTR)
+            ;
+        close(pipefd[0]);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+struct vfork_args {
+    const struct spawn *s;
+    const int *fds;
+    struct failure *failure;
+};
+
+static int vfork_child(void *arg)
+{
+    struct vfork_args *a = arg;
+    struct report out = {.errfd = -1, .shared = a->failure};
+    child(a->s, a->fds, &out);
+}
+
+/* Spawn an unsandboxed program the cheap way: CLONE_VM | CLONE_VFORK shares our memory (no
+ * page tables to copy) and suspends us until the child exec'ed or failed, so the outcome is
+ * known on return (no error pipe, no second wake-up). p is tracked as P_RUNNING, or P_FAILED
+ * with *failure filled in (the child has exited then). 0 or -errno (nothing ran). */
+static int start_child_vfork(const struct spawn *s, const int *fds, struct proc *p,
+                             struct failure *failure)
+{
+    enum { STACK = 256 << 10 };
+    static char *stack;
+    if (!stack) {
+        void *m = mmap(NULL, STACK, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+        if (m == MAP_FAILED)
+            return -errno;
+        stack = m;
+    }
+    failure->err = 0;
+    failure->msg[0] = '\0';
+    struct vfork_args args = {.s = s, .fds = fds, .failure = failure};
+    pid_t pid = clone(vfork_child, stack + STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
+    if (pid < 0)
+        return -errno;
+    p->pid = pid;
+    p->pipe = -1;
+    p->state = *(volatile int *)&failure->err ? P_FAILED : P_RUNNING;
+    if (add_proc(p) < 0) {
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, __WALL) < 0 && errno == EINTR)
+            ;
+        return -ENOMEM;
+    }
     return 0;
 }
 
@@ -694,42 +859,533 @@ static int handle_spawn(struct eg_fields *f, int *fds, int nfds)
     } else if (!s.path[0] || !s.cwd[0]) {
         send_failed(s.id, EINVAL, "empty program path or working directory");
     } else {
-        int pipefd[2];
-        if (pipe2(pipefd, O_CLOEXEC) < 0) {
-            int e = errno;
-            send_failed(s.id, e, strerror(e));
-        } else {
-            pid_t pid = fork();
-            if (pid == 0) {
-                close(pipefd[0]);
-                child(&s, fds, pipefd[1]);
-            }
-            int e = errno;
-            close(pipefd[1]);
-            if (pid < 0) {
-                close(pipefd[0]);
-                send_failed(s.id, e, strerror(e));
-            } else {
-                struct proc p = {.id = s.id, .pid = pid, .pipe = pipefd[0],
-                                 .state = P_PENDING, .main = s.main, .pgid = -1};
-                if (add_proc(&p) < 0) { /* cannot track it: it must not run */
-                    kill(pid, SIGKILL);
-                    close(pipefd[0]);
-                    send_failed(s.id, ENOMEM, "out of memory");
-                }
-            }
-        }
+        struct proc p = {.id = s.id, .state = P_PENDING, .main = s.main, .pgid = -1};
+        int r = start_child(&s, fds, &p);
+        if (r < 0)
+            send_failed(s.id, -r, strerror(-r));
     }
     free(s.argv);
     free(s.envp);
     return 0;
 }
 
-/* One message from the server. 1: go on, 0: shut down (grace in *grace), <0: malformed. */
-static int handle_message(char *payload, size_t len, int *fds, int nfds, long long *grace)
+/* -- escalation tickets (control message `authorize`) --------------------------------------- */
+
+static void free_ticket(struct ticket *t)
+{
+    if (!t)
+        return;
+    free(t->argv);
+    free(t->drop);
+    free(t->prefix);
+    free(t->keep);
+    free(t->set);
+    free(t->mem);
+    free(t);
+}
+
+static void drop_expired_tickets(void)
+{
+    long long now = now_ms();
+    for (struct ticket **pp = &g_tickets; *pp;) {
+        struct ticket *t = *pp;
+        if (now >= t->expires) {
+            *pp = t->next;
+            free_ticket(t);
+        } else {
+            pp = &t->next;
+        }
+    }
+}
+
+/* Remove the ticket named id from the table and return it (NULL: unknown). Single use. */
+static struct ticket *take_ticket(const char *id)
+{
+    for (struct ticket **pp = &g_tickets; *pp; pp = &(*pp)->next) {
+        if (!strcmp((*pp)->id, id)) {
+            struct ticket *t = *pp;
+            *pp = t->next;
+            return t;
+        }
+    }
+    return NULL;
+}
+
+/* EG1 · authorize · TICKET · LIFETIME_MS · TOKEN · DISPLAY · PATH · CWD · ARGC · ARGV… ·
+ *       DROPC · NAME… · PREFIXC · PREFIX… · KEEPC · ENTRY… · SETC · ENTRY…
+ * Takes ownership of payload (the ticket's strings point into it). 0 or -EPROTO. */
+static int handle_authorize(struct eg_fields *f, char *payload)
+{
+    struct ticket *t = calloc(1, sizeof *t);
+    if (!t) {
+        free(payload);
+        return 0; /* not authorized: its claim is denied */
+    }
+    t->mem = payload;
+    long long lifetime;
+    size_t idlen;
+    if (!(t->id = eg_next(f, &idlen)) || eg_next_long(f, &lifetime) < 0 ||
+        !(t->token = eg_next(f, NULL)) || !(t->display = eg_next(f, NULL)) ||
+        !(t->path = eg_next(f, NULL)) || !(t->cwd = eg_next(f, NULL)) || !(t->argv = counted(f)) ||
+        !(t->drop = counted(f)) || !(t->prefix = counted(f)) || !(t->keep = counted(f)) ||
+        !(t->set = counted(f)) || !eg_fields_done(f) || idlen == 0 || idlen > MAX_TICKET ||
+        lifetime < 0 || !t->path[0] || !t->cwd[0]) {
+        free_ticket(t);
+        return -EPROTO;
+    }
+    for (char **e = t->set; *e; e++)
+        if (!strchr(*e, '=')) {
+            free_ticket(t);
+            return -EPROTO;
+        }
+    t->expires = now_ms() + (lifetime > MAX_LIFETIME_MS ? MAX_LIFETIME_MS : lifetime);
+    drop_expired_tickets();
+    free_ticket(take_ticket(t->id)); /* the same ticket again replaces it */
+    t->next = g_tickets;
+    g_tickets = t;
+    return 0;
+}
+
+/* The escalated program's environment: the claimer's, through the ticket's rules (§7):
+ * entries without '=' and names in DROP go; names with a PREFIX go unless the entry is one of
+ * KEEP; names SET assigns go; the last value of a repeated name wins, at its first place; then
+ * the SET entries are appended. The strings stay the caller's; the vector is malloc'ed. */
+static int name_is(const char *entry, size_t n, const char *name)
+{
+    return strncmp(entry, name, n) == 0 && name[n] == '\0';
+}
+
+static int name_in_entries(char **list, const char *entry, size_t n)
+{
+    for (; *list; list++)
+        if (strncmp(*list, entry, n) == 0 && (*list)[n] == '=')
+            return 1;
+    return 0;
+}
+
+static char **apply_env(const struct ticket *t, char **env)
+{
+    size_t n = 0, nset = 0;
+    while (env[n])
+        n++;
+    while (t->set[nset])
+        nset++;
+    size_t cap = 16;
+    while (cap < 2 * (n + 1))
+        cap *= 2;
+    char **out = malloc((n + nset + 1) * sizeof *out);
+    size_t *slot = malloc(cap * sizeof *slot); /* hash of kept names -> index + 1 in out */
+    if (!out || !slot) {
+        free(out);
+        free(slot);
+        return NULL;
+    }
+    memset(slot, 0, cap * sizeof *slot);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        char *e = env[i];
+        const char *eq = strchr(e, '=');
+        if (!eq)
+            continue;
+        size_t nl = (size_t)(eq - e);
+        int skip = 0;
+        for (char **d = t->drop; *d && !skip; d++)
+            skip = name_is(e, nl, *d);
+        for (char **p = t->prefix; *p && !skip; p++) {
+            size_t pl = strlen(*p);
+            if (pl <= nl && !strncmp(e, *p, pl)) {
+                skip = 1;
+                for (char **k = t->keep; *k && skip; k++)
+                    skip = strcmp(*k, e) != 0;
+            }
+        }
+        if (skip || name_in_entries(t->set, e, nl))
+            continue;
+        uint64_t h = 0xcbf29ce484222325ULL;
+        for (size_t k = 0; k < nl; k++)
+            h = (h ^ (unsigned char)e[k]) * 0x100000001b3ULL;
+        size_t at = (size_t)h & (cap - 1);
+        while (slot[at] && strncmp(out[slot[at] - 1], e, nl + 1) != 0)
+            at = (at + 1) & (cap - 1);
+        if (slot[at]) {
+            out[slot[at] - 1] = e; /* a repeated name: the last value wins, at the first place */
+        } else {
+            out[m] = e;
+            slot[at] = ++m;
+        }
+    }
+    for (size_t j = 0; j < nset; j++)
+        out[m++] = t->set[j];
+    out[m] = NULL;
+    free(slot);
+    return out;
+}
+
+/* -- claim connections (protocol §4) ---------------------------------------------------------- */
+
+static void conn_release(struct conn *c)
+{
+    c->next_dead = g_dead;
+    g_dead = c;
+}
+
+static void free_dead_conns(void)
+{
+    while (g_dead) {
+        struct conn *c = g_dead;
+        g_dead = c->next_dead;
+        free(c->in);
+        free(c->display);
+        free(c);
+    }
+}
+
+/* Close the connection. A program it claimed that has not been reaped yet is killed: its
+ * claimer is gone (or has been answered already, and then it is dead anyway). */
+static void conn_close(struct conn *c)
+{
+    if (c->fd < 0)
+        return;
+    for (int i = 0; i < c->nfds; i++)
+        close(c->fds[i]);
+    c->nfds = 0;
+    close(c->fd);
+    c->fd = -1;
+    for (size_t i = 0; i < g_nconns; i++)
+        if (g_conns[i] == c) {
+            g_conns[i] = g_conns[--g_nconns];
+            break;
+        }
+    if (c->pid > 0)
+        kill(c->pid, SIGKILL); /* not reaped yet: still this process */
+    else
+        conn_release(c);
+}
+
+static void conn_send(struct conn *c, const char *kind, const char *text, long long num)
+{
+    char mem[MSG_CAP * 8 + 64];
+    struct eg_buf b;
+    eg_buf_init(&b, mem, sizeof mem);
+    eg_put(&b, EG_TAG);
+    eg_put(&b, kind);
+    if (text)
+        eg_put_n(&b, text, strnlen(text, MSG_CAP * 8));
+    else
+        eg_put_long(&b, num);
+    (void)eg_send_frame(c->fd, &b, NULL, 0); /* one small frame into an empty buffer */
+}
+
+static void conn_deny(struct conn *c, const char *a, const char *b, const char *d,
+                      const char *e)
+{
+    char msg[MSG_CAP * 8];
+    snprintf(msg, sizeof msg, "%s%s%s%s", a, b ? b : "", d ? d : "", e ? e : "");
+    for (char *p = msg; *p; p++)
+        if (*p == '\n')
+            *p = ' ';
+    conn_send(c, "deny", msg, 0);
+    conn_close(c);
+}
+
+/* The program's exec failed in the child (resolve()). */
+static void claim_failed(struct conn *c, const char *message)
+{
+    if (c->fd < 0)
+        return;
+    char who[MSG_CAP + 64];
+    snprintf(who, sizeof who, "execgate: cannot run %s: ", c->display ? c->display : "");
+    conn_deny(c, who, message, NULL, NULL);
+}
+
+/* The program exec'ed: signals that came meanwhile reach it now. */
+static void claim_running(struct conn *c)
+{
+    c->running = 1;
+    for (int sig = 1; sig <= 64 && c->held; sig++)
+        if (c->held & (1ULL << (sig - 1))) {
+            c->held &= ~(1ULL << (sig - 1));
+            kill(c->pid, sig);
+        }
+}
+
+/* The program was reaped with wait status `status` (ran: it had exec'ed). */
+static void claim_ended(struct conn *c, int ran, int status)
+{
+    c->pid = 0;
+    if (c->fd < 0) {
+        conn_release(c); /* its claimer is gone */
+        return;
+    }
+    if (ran) {
+        if (WIFSIGNALED(status))
+            conn_send(c, "signal", NULL, WTERMSIG(status));
+        else
+            conn_send(c, "exit", NULL, WEXITSTATUS(status));
+    }
+    conn_close(c);
+}
+
+static int control_step(void);
+
+/* Pending control messages, without waiting: an `authorize` the server posted before
+ * answering the exec request is in the control socket before the claim can arrive. */
+static void drain_control(void)
+{
+    while (g_control >= 0) {
+        struct pollfd p = {.fd = g_control, .events = POLLIN};
+        if (poll(&p, 1, 0) <= 0)
+            return;
+        control_step();
+    }
+}
+
+/* EG1 · claim · TOKEN · TICKET · NFDS · FD… · ENVC · ENV…   (+ the NFDS descriptors)
+ * Answers deny, or spawns the program (its end is answered by claim_ended). */
+static void handle_claim(struct conn *c, char *payload, size_t len)
 {
     struct eg_fields f;
     eg_fields_init(&f, payload, len);
+    const char *tag = eg_next(&f, NULL), *kind = eg_next(&f, NULL), *token, *id;
+    long long n;
+    int dst[EG_MAX_FDS];
+    if (!tag || !kind || strcmp(tag, EG_TAG) || strcmp(kind, "claim") || c->bad ||
+        !(token = eg_next(&f, NULL)) || !(id = eg_next(&f, NULL)) || eg_next_long(&f, &n) < 0 ||
+        n < 0 || n > EG_MAX_FDS) {
+        conn_close(c); /* malformed: no answer */
+        return;
+    }
+    for (long long i = 0; i < n; i++) {
+        long long d;
+        if (eg_next_long(&f, &d) < 0 || d < 0 || d > INT_MAX - 1) {
+            conn_close(c);
+            return;
+        }
+        dst[i] = (int)d;
+        for (long long j = 0; j < i; j++)
+            if (dst[j] == dst[i]) {
+                conn_close(c);
+                return;
+            }
+    }
+    char **env = counted(&f);
+    if (!env || !eg_fields_done(&f)) {
+        free(env);
+        conn_close(c);
+        return;
+    }
+
+    struct ticket *t = take_ticket(id);
+    if (!t) {
+        drain_control();
+        t = take_ticket(id);
+    }
+    char **envp = NULL;
+    if (!t || now_ms() >= t->expires) {
+        conn_deny(c, "execgate: escalation ticket unknown or expired", NULL, NULL, NULL);
+    } else if (strcmp(token, t->token)) {
+        conn_deny(c, "execgate: claim not from this session", NULL, NULL, NULL);
+    } else if (n != c->nfds) {
+        conn_deny(c, "execgate: descriptor count mismatch", NULL, NULL, NULL);
+    } else if (!(envp = apply_env(t, env)) || !(c->display = strdup(t->display))) {
+        conn_deny(c, "execgate: cannot run ", t->display, ": out of memory", NULL);
+    } else {
+        pid_t pgid = getpgid(c->peer); /* the claimer's group: the terminal's signals reach it */
+        struct spawn s = {.pgid = pgid > 0 ? pgid : 0, .cwd = t->cwd, .path = t->path,
+                          .nfds = c->nfds, .dst = dst, .argv = t->argv, .envp = envp};
+        struct proc p = {.id = -1, .state = P_PENDING, .pgid = -1, .conn = c};
+        struct failure failure;
+        int r = start_child_vfork(&s, c->fds, &p, &failure);
+        for (int i = 0; i < c->nfds; i++)
+            close(c->fds[i]);
+        c->nfds = 0;
+        if (r < 0) {
+            conn_deny(c, "execgate: cannot run ", t->display, ": cannot start it: ",
+                      strerror(-r));
+        } else {
+            c->pid = p.pid; /* the proc entry refers to c from now on */
+            if (p.state == P_FAILED)
+                claim_failed(c, failure.msg);
+            else
+                claim_running(c);
+        }
+    }
+    free(envp);
+    free(env);
+    free_ticket(t);
+}
+
+/* EG1 · signal · SIGNUM from the claimer. 0, or -1: malformed. */
+static int handle_claimer_signal(struct conn *c, char *payload, size_t len)
+{
+    struct eg_fields f;
+    eg_fields_init(&f, payload, len);
+    const char *tag = eg_next(&f, NULL), *kind = eg_next(&f, NULL);
+    long long sig;
+    if (!tag || !kind || strcmp(tag, EG_TAG) || strcmp(kind, "signal") ||
+        eg_next_long(&f, &sig) < 0 || !eg_fields_done(&f) || sig < 1 || sig > 64)
+        return -1;
+    if (c->pid <= 0)
+        return 0;
+    if (c->running)
+        kill(c->pid, (int)sig);
+    else
+        c->held |= 1ULL << (sig - 1);
+    return 0;
+}
+
+/* Read what the connection has (never blocking) and handle every complete frame. */
+static void conn_input(struct conn *c)
+{
+    for (int rounds = 0; rounds < 16 && c->fd >= 0; rounds++) {
+        size_t want = 65536;
+        if (c->inlen >= EG_HEADER) {
+            uint32_t len = (uint32_t)(unsigned char)c->in[0] |
+                           (uint32_t)(unsigned char)c->in[1] << 8 |
+                           (uint32_t)(unsigned char)c->in[2] << 16 |
+                           (uint32_t)(unsigned char)c->in[3] << 24;
+            if (len == 0 || len > EG_MAX_PAYLOAD) {
+                conn_close(c);
+                return;
+            }
+            if (EG_HEADER + (size_t)len - c->inlen > want)
+                want = EG_HEADER + (size_t)len - c->inlen;
+        }
+        if (c->incap - c->inlen < want) {
+            size_t cap = c->inlen + want;
+            char *in = realloc(c->in, cap);
+            if (!in) {
+                conn_close(c);
+                return;
+            }
+            c->in = in;
+            c->incap = cap;
+        }
+        union {
+            struct cmsghdr align;
+            char buf[CMSG_SPACE(sizeof(int) * EG_MAX_FDS)];
+        } control;
+        struct iovec iov = {.iov_base = c->in + c->inlen, .iov_len = c->incap - c->inlen};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                             .msg_controllen = sizeof control.buf};
+        ssize_t k = recvmsg(c->fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (msg.msg_controllen > 0 && k >= 0) {
+            for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+                if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+                    continue;
+                int nin = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+                if (nin > EG_MAX_FDS) /* cannot be: the kernel sends at most 253 */
+                    nin = EG_MAX_FDS;
+                int got[EG_MAX_FDS];
+                memcpy(got, CMSG_DATA(cm), sizeof(int) * (size_t)nin);
+                for (int i = 0; i < nin; i++) {
+                    /* only the claim (the first frame) carries descriptors */
+                    if (!c->claimed && c->inlen == 0 && c->nfds < EG_MAX_FDS)
+                        c->fds[c->nfds++] = got[i];
+                    else {
+                        close(got[i]);
+                        c->bad = 1;
+                    }
+                }
+            }
+            if (msg.msg_flags & MSG_CTRUNC)
+                c->bad = 1;
+        }
+        if (k <= 0) { /* the claimer is gone (or the connection failed) */
+            conn_close(c);
+            return;
+        }
+        c->inlen += (size_t)k;
+        while (c->fd >= 0 && c->inlen >= EG_HEADER) {
+            uint32_t len = (uint32_t)(unsigned char)c->in[0] |
+                           (uint32_t)(unsigned char)c->in[1] << 8 |
+                           (uint32_t)(unsigned char)c->in[2] << 16 |
+                           (uint32_t)(unsigned char)c->in[3] << 24;
+            if (len == 0 || len > EG_MAX_PAYLOAD) {
+                conn_close(c);
+                return;
+            }
+            size_t whole = EG_HEADER + (size_t)len;
+            if (c->inlen < whole)
+                break;
+            char *payload = c->in + EG_HEADER;
+            if (!c->claimed) {
+                c->claimed = 1;
+                handle_claim(c, payload, len);
+            } else if (handle_claimer_signal(c, payload, len) < 0) {
+                conn_close(c);
+            }
+            if (c->fd < 0)
+                return;
+            memmove(c->in, c->in + whole, c->inlen - whole);
+            c->inlen -= whole;
+        }
+        if (c->claimed && c->incap > 65536 && c->inlen < 4096) { /* the big claim is done */
+            char *in = realloc(c->in, 4096);
+            if (in) {
+                c->in = in;
+                c->incap = 4096;
+            }
+        }
+    }
+}
+
+/* Accept every pending claim connection. */
+static void accept_claims(void)
+{
+    for (;;) {
+        int fd = accept4(g_claim, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                /* EMFILE & co.: the claimer waits in the backlog; we retry in a moment
+                 * rather than spin on a socket that stays readable */
+                note("claim socket: accept: %s", strerror(errno));
+                g_accept_paused = now_ms() + 100;
+            }
+            return;
+        }
+        struct ucred cred;
+        socklen_t clen = sizeof cred;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 ||
+            (cred.uid != g_uid && cred.uid != 0) || g_nconns >= MAX_CONNS) {
+            close(fd); /* not ours to serve: the claimer sees end-of-file, a denial */
+            continue;
+        }
+        struct conn *c = calloc(1, sizeof *c);
+        if (c && g_nconns == g_capconns) {
+            size_t cap = g_capconns ? g_capconns * 2 : 16;
+            struct conn **v = realloc(g_conns, cap * sizeof *v);
+            if (v) {
+                g_conns = v;
+                g_capconns = cap;
+            }
+        }
+        if (!c || g_nconns == g_capconns) {
+            free(c);
+            close(fd);
+            continue;
+        }
+        c->fd = fd;
+        c->peer = cred.pid;
+        g_conns[g_nconns++] = c;
+        conn_input(c); /* the claim is usually there already */
+    }
+}
+
+/* -- control messages ------------------------------------------------------------------------ */
+
+/* One message from the server. 1: go on, 0: shut down (grace in *grace), <0: malformed.
+ * *payload is the malloc'ed message; it is set to NULL when kept (a ticket). */
+static int handle_message(char **payload, size_t len, int *fds, int nfds, long long *grace)
+{
+    struct eg_fields f;
+    eg_fields_init(&f, *payload, len);
     const char *tag = eg_next(&f, NULL), *kind = eg_next(&f, NULL);
     int r = 1;
     if (!tag || !kind || strcmp(tag, EG_TAG))
@@ -738,7 +1394,11 @@ static int handle_message(char *payload, size_t len, int *fds, int nfds, long lo
         r = handle_spawn(&f, fds, nfds) < 0 ? -EPROTO : 1;
     else if (nfds)
         r = -EPROTO;
-    else if (!strcmp(kind, "signal")) {
+    else if (!strcmp(kind, "authorize")) {
+        char *kept = *payload;
+        *payload = NULL;
+        r = handle_authorize(&f, kept) < 0 ? -EPROTO : 1;
+    } else if (!strcmp(kind, "signal")) {
         long long id, sig;
         if (eg_next_long(&f, &id) < 0 || eg_next_long(&f, &sig) < 0 || !eg_fields_done(&f) ||
             sig < 0 || sig >= NSIG)
@@ -764,20 +1424,62 @@ static int handle_message(char *payload, size_t len, int *fds, int nfds, long lo
     return r;
 }
 
+/* Read and handle one control message (the socket is readable). Returns only to go on. */
+static int control_step(void)
+{
+    char *payload = NULL;
+    int fds[EG_MAX_FDS], nfds = 0;
+    ssize_t len = eg_recv_frame_alloc(g_control, &payload, fds, &nfds, EG_MAX_FDS);
+    if (len < 0) {
+        if (len != -ENODATA)
+            note("control channel: %s", strerror((int)-len));
+        close(g_control);
+        g_control = -1;
+        g_report = 0;
+        shutdown_session(EOF_GRACE_MS);
+    }
+    long long grace = EOF_GRACE_MS;
+    int r = handle_message(&payload, (size_t)len, fds, nfds, &grace);
+    free(payload);
+    if (r < 0) {
+        note("malformed message on the control channel: ending the session");
+        close(g_control);
+        g_control = -1;
+        g_report = 0;
+        shutdown_session(EOF_GRACE_MS);
+    }
+    if (r == 0)
+        shutdown_session(grace);
+    return 1;
+}
+
 /* -- main ----------------------------------------------------------------------------------- */
 
 static void usage(void)
 {
-    note("usage: execgate-launch --control FD [--sandbox read-only|workspace-write|off] "
+    note("usage: execgate-launch --control FD [--claim-fd FD] "
+         "[--sandbox read-only|workspace-write|off] "
          "[--writable DIR]... [--readonly PATH]... [--protect NAME]... [--network] "
          "[--strict-exec] [--exec-dir PATH]...\n"
          "       execgate-launch --probe [SANDBOX OPTIONS]");
 }
 
+static int parse_fd(const char *opt, const char *text, long long *out)
+{
+    char *end;
+    errno = 0;
+    *out = strtoll(text, &end, 10);
+    if (errno || *end || !*text || *out < 0 || *out > INT_MAX) {
+        note("%s: bad descriptor '%s'", opt, text);
+        return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int probe = 0;
-    long long control = -1;
+    long long control = -1, claim = -1;
     char err[256];
     for (int i = 1; i < argc; i++) {
         int r = sb_parse_option(&g_sandbox, argc, argv, &i, err, sizeof err);
@@ -790,13 +1492,11 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--probe")) {
             probe = 1;
         } else if (!strcmp(argv[i], "--control") && i + 1 < argc) {
-            char *end;
-            errno = 0;
-            control = strtoll(argv[++i], &end, 10);
-            if (errno || *end || control < 0 || control > INT_MAX) {
-                note("--control: bad descriptor '%s'", argv[i]);
+            if (parse_fd("--control", argv[++i], &control) < 0)
                 return 2;
-            }
+        } else if (!strcmp(argv[i], "--claim-fd") && i + 1 < argc) {
+            if (parse_fd("--claim-fd", argv[++i], &claim) < 0)
+                return 2;
         } else {
             usage();
             return 2;
@@ -810,6 +1510,19 @@ int main(int argc, char **argv)
     }
     g_control = (int)control;
     fcntl(g_control, F_SETFD, FD_CLOEXEC);
+    if (claim >= 0) {
+        int listening = 0;
+        socklen_t ln = sizeof listening;
+        if (getsockopt((int)claim, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ln) < 0 ||
+            !listening) {
+            note("--claim-fd: descriptor %lld is not a listening socket", claim);
+            return 2;
+        }
+        g_claim = (int)claim;
+        fcntl(g_claim, F_SETFD, FD_CLOEXEC);
+        fcntl(g_claim, F_SETFL, fcntl(g_claim, F_GETFL) | O_NONBLOCK);
+    }
+    g_uid = geteuid();
 
     g_self = getpid();
     g_pgrp = getpgrp();
@@ -819,6 +1532,13 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < sizeof IGNORED_SIGNALS / sizeof IGNORED_SIGNALS[0]; i++)
         signal(IGNORED_SIGNALS[i], SIG_IGN);
+    /* What children must reset: ours, and whatever we inherited ignored. */
+    for (int sig = 1; sig < NSIG; sig++) {
+        struct sigaction old;
+        if (sig != SIGKILL && sig != SIGSTOP && sigaction(sig, NULL, &old) == 0 &&
+            old.sa_handler != SIG_DFL)
+            g_reset[g_nreset++] = sig;
+    }
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGCHLD);
@@ -846,32 +1566,46 @@ int main(int argc, char **argv)
     }
 
     struct pollfd *pfds = NULL;
+    struct conn **polled = NULL;
     size_t pcap = 0;
     for (;;) {
-        size_t n = 2 + g_nprocs;
+        free_dead_conns();
+        size_t n = 3 + g_nconns + g_nprocs;
         if (n > pcap) {
             struct pollfd *v = realloc(pfds, n * 2 * sizeof *v);
-            if (!v) {
+            struct conn **w = v ? realloc(polled, n * 2 * sizeof *w) : NULL;
+            if (!v || !w) {
                 note("out of memory");
                 shutdown_session(EOF_GRACE_MS);
             }
             pfds = v;
+            polled = w;
             pcap = n * 2;
         }
         pfds[0] = (struct pollfd){.fd = g_control, .events = POLLIN};
         pfds[1] = (struct pollfd){.fd = g_sigfd, .events = POLLIN};
-        size_t np = 2;
+        int timeout = -1;
+        long long paused = g_accept_paused - now_ms();
+        pfds[2] = (struct pollfd){.fd = paused > 0 ? -1 : g_claim, .events = POLLIN};
+        if (paused > 0)
+            timeout = (int)paused;
+        size_t np = 3, nc = g_nconns;
+        for (size_t i = 0; i < nc; i++) {
+            polled[i] = g_conns[i];
+            pfds[np++] = (struct pollfd){.fd = g_conns[i]->fd, .events = POLLIN};
+        }
+        size_t first_pipe = np;
         for (size_t i = 0; i < g_nprocs; i++)
             if (g_procs[i].state == P_PENDING)
                 pfds[np++] = (struct pollfd){.fd = g_procs[i].pipe, .events = POLLIN};
-        if (poll(pfds, np, -1) < 0) {
+        if (poll(pfds, np, timeout) < 0) {
             if (errno == EINTR)
                 continue;
             note("poll: %s", strerror(errno));
             shutdown_session(EOF_GRACE_MS);
         }
         /* Error pipes first, so `spawned` always precedes `exited`. */
-        for (size_t i = 2; i < np; i++) {
+        for (size_t i = first_pipe; i < np; i++) {
             if (!pfds[i].revents)
                 continue;
             for (size_t j = 0; j < g_nprocs; j++)
@@ -890,30 +1624,13 @@ int main(int argc, char **argv)
             if (term)
                 shutdown_session(EOF_GRACE_MS);
         }
-        if (pfds[0].revents) {
-            char *payload = NULL;
-            int fds[EG_MAX_FDS], nfds = 0;
-            ssize_t len = eg_recv_frame_alloc(g_control, &payload, fds, &nfds, EG_MAX_FDS);
-            if (len < 0) {
-                if (len != -ENODATA)
-                    note("control channel: %s", strerror((int)-len));
-                close(g_control);
-                g_control = -1;
-                g_report = 0;
-                shutdown_session(EOF_GRACE_MS);
-            }
-            long long grace = EOF_GRACE_MS;
-            int r = handle_message(payload, (size_t)len, fds, nfds, &grace);
-            free(payload);
-            if (r < 0) {
-                note("malformed message on the control channel: ending the session");
-                close(g_control);
-                g_control = -1;
-                g_report = 0;
-                shutdown_session(EOF_GRACE_MS);
-            }
-            if (r == 0)
-                shutdown_session(grace);
-        }
+        /* Control before claims: an authorization is read before the claim it is for. */
+        if (pfds[0].revents)
+            control_step();
+        for (size_t i = 0; i < nc; i++) /* a connection closed meanwhile has fd -1 */
+            if (pfds[3 + i].revents && polled[i]->fd == pfds[3 + i].fd)
+                conn_input(polled[i]);
+        if (pfds[2].revents)
+            accept_claims();
     }
 }

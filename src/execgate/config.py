@@ -54,8 +54,14 @@ def _strings(path: Path, key: str, value: Any) -> tuple[str, ...]:
 
 def _sandbox(path: Path, table: dict[str, Any]) -> SandboxConfig:
     known = {
-        "mode", "writable_roots", "network", "strict_exec", "exec_dirs",
-        "exclude_tmp", "exclude_tmpdir", "writable_git",
+        "mode",
+        "writable_roots",
+        "network",
+        "strict_exec",
+        "exec_dirs",
+        "exclude_tmp",
+        "exclude_tmpdir",
+        "writable_git",
     }
     for key in table:
         if key not in known:

@@ -105,3 +105,57 @@ def test_channel_carries_frames_and_descriptors_across_a_real_socket():
         b.close()
 
     asyncio.run(main())
+
+
+env_entry = st.builds(
+    lambda name, value: name + b"=" + value,
+    st.sampled_from([b"A", b"B", b"LD_X", b"LD_PRELOAD", b"GATE", b""]),
+    st.binary(max_size=6).filter(lambda b: b"\0" not in b),
+)
+
+
+@given(
+    argv=st.lists(field_bytes, max_size=5),
+    drop=st.lists(field_bytes, max_size=3),
+    keep=st.lists(env_entry, max_size=3),
+    set_=st.lists(env_entry, max_size=3),
+    display=st.text(max_size=20).filter(lambda s: "\0" not in s),
+)
+def test_authorize_is_the_generic_encoding(argv, drop, keep, set_, display):
+    """The hand-rolled hot-path encoder writes exactly what encode_fields would."""
+    rules = protocol.EnvRules(
+        drop=tuple(drop), drop_prefixes=(b"LD_",), keep=tuple(keep), set=tuple(set_)
+    )
+    head = ["t1", 30000, b"tok", display, b"/bin/x", b"/"]
+    counted = [argv, rules.drop, rules.drop_prefixes, rules.keep, rules.set]
+    assert protocol.encode_authorize(
+        "t1", lifetime_ms=30000, token=b"tok", display=display, path=b"/bin/x", cwd=b"/",
+        argv=argv, env=rules,
+    ) == protocol.encode_fields("authorize", head, counted)  # fmt: skip
+
+
+def test_authorize_refuses_nul_and_env_rules_check_their_entries():
+    with pytest.raises(ProtocolError):
+        protocol.encode_authorize(
+            "t", lifetime_ms=0, token=b"tok", display="", path=b"/x\0y", cwd=b"/", argv=[],
+            env=protocol.EnvRules(),
+        )  # fmt: skip
+    with pytest.raises(ValueError):
+        protocol.EnvRules(set=(b"NO_EQUALS",))
+
+
+@given(env=st.lists(env_entry | field_bytes, max_size=12))
+def test_env_rules_apply(env):
+    rules = protocol.EnvRules(
+        drop=(b"GATE",), drop_prefixes=(b"LD_",), keep=(b"LD_X=1",), set=(b"B=set",)
+    )
+    out = rules.apply(env)
+    names = [e.partition(b"=")[0] for e in out]
+    assert out[-1] == b"B=set" and names.count(b"B") == 1
+    assert len(names) == len(set(names))  # one entry per name
+    for entry in out[:-1]:
+        name, sep, _ = entry.partition(b"=")
+        assert sep and name != b"GATE"
+        assert not name.startswith(b"LD_") or entry == b"LD_X=1"
+        same = [e for e in env if b"=" in e and e.partition(b"=")[0] == name]
+        assert entry == same[-1] or name == b"LD_X"  # the last value (LD_X: the kept one)

@@ -122,3 +122,39 @@ def test_escalated_program_gets_no_stray_descriptors(gate: Gate) -> None:
     gate.write_rules('prefix_rule(["dash"], "allow")\n')
     result = gate.run("dash -c 'ls /proc/$$/fd'", options=WS)
     assert result.stdout.split() == [b"0", b"1", b"2"], result.stderr
+
+
+WHO_CLAIMS = r"""#!/usr/bin/python3
+# An escalated program that tells who claimed it: its claimer waits in its process group,
+# either the process that exec'ed (in-process claim) or execgate-wrapper (claim mode).
+import os, sys
+comms = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        continue
+    after = stat[stat.rindex(")") + 2 :].split()
+    if int(after[2]) == os.getpgrp() and int(pid) != os.getpid():
+        comms.append(stat[stat.index("(") + 1 : stat.rindex(")")])
+print(sys.argv[1], "wrapper" if "execgate-wrappe" in comms else "in-process", flush=True)
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def test_fork_and_vfork_children_both_escalate(gate: Gate) -> None:
+    """bash forks and its child execs: the child claims in-process. Python's subprocess
+    (vfork, or clone with CLONE_VFORK) and posix_spawn callers exec execgate-wrapper to claim.
+    Either way: the program's output, its exit status, outside the sandbox."""
+    who = gate.bin / "whoclaims"
+    who.write_text(WHO_CLAIMS)
+    who.chmod(0o755)
+    gate.write_rules('prefix_rule(["whoclaims"], "allow")\n')
+    script = (
+        "whoclaims bash 3; echo rc=$?; "
+        "python3 -c 'import subprocess, sys; "
+        'sys.exit(subprocess.run(["whoclaims", "python", "4"]).returncode)\'; echo rc=$?'
+    )
+    result = gate.run(script, options=WS)
+    assert result.stdout == b"bash in-process\nrc=3\npython wrapper\nrc=4\n", result.stderr

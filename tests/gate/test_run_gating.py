@@ -54,6 +54,10 @@ BYPASS_ATTEMPTS = {
     "dash script": "printf '#!/bin/dash\\nmarker\\n' > s.sh; chmod +x s.sh; ./s.sh",
     "script without shebang": "printf 'marker\\n' > s.sh; chmod +x s.sh; ./s.sh",
     "marker as shebang interpreter": "printf '#!'$BIN'/marker\\n' > s.sh; chmod +x s.sh; ./s.sh",
+    "interpreter that is itself a script": (
+        "printf '#!'$BIN'/marker\\n' > i.sh; chmod +x i.sh;"
+        " printf '#!'$PWD'/i.sh\\n' > s.sh; chmod +x s.sh; ./s.sh"
+    ),
     "make recipe": "printf 'all:\\n\\tmarker\\n' > Makefile; make -s",
     "python subprocess": f"{PY} -c 'import subprocess; subprocess.run([\"marker\"])'",
     "python subprocess shell": (

@@ -7,8 +7,9 @@ Cases, interleaved ROUNDS times, medians reported:
   fast      gated, snapshot present and not naming `true`: decided locally (no round trip)
   ask       gated, snapshot ASK_ALWAYS: one round trip per exec to a lean raw-fd server
             (single thread: accept, read the request, answer `run`, close)
-  escalate  gated, `true` escalated: round trip + claim by the wrapper + the server spawning
-            it (the stand-in server here is Python with posix_spawn, so this is an upper bound)
+  escalate  gated, `true` escalated: round trip + claim (in-process, by bash's child) + the
+            stand-in spawning it (Python with posix_spawn in a thread per claim, playing the
+            launcher's claim socket: an upper bound; bench/exec_overhead.py measures the real one)
 Not a pytest test (no assertions): a measurement tool.
 """
 

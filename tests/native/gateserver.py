@@ -2,10 +2,11 @@
 
 A real Unix socket server speaking EG1 (docs/protocol.md §2-§4) in a thread, using the package's
 own protocol module. Each test gives it a rule (request -> answer); it records every request.
-For escalations it really spawns the program itself, on the descriptors, environment and cwd it
-received, forwards signals to it and reports its exit status, so the wrapper's claim mode is
-exercised end to end. It is a test double of the *server* only: the interposer and the wrapper
-under test are the real compiled ones.
+It also plays the session launcher's claim socket (``claim.sock`` beside ``gate.sock``): for
+escalations it really spawns the program itself, on the descriptors, environment and cwd it
+received, forwards signals to it and reports its exit status, so the claim (in-process by the
+interposer, or by the wrapper) is exercised end to end. It is a test double of the *server and
+launcher* only: the interposer and the wrapper under test are the real compiled ones.
 """
 
 from __future__ import annotations
@@ -110,10 +111,13 @@ def encode_snapshot(
 class Escalation:
     request: P.ExecRequest
     claim: P.ClaimRequest | None = None
+    claimer_pid: int | None = None  # SO_PEERCRED of the claim connection
+    claimer_exe: str | None = None  # what the claimer was running: the caller or the wrapper
     pid: int | None = None
     status: int | None = None
     signals: list[int] = field(default_factory=list)
     started: threading.Event = field(default_factory=threading.Event)
+    ended: threading.Event = field(default_factory=threading.Event)  # status is set
 
 
 def recv_frame(conn: socket.socket) -> tuple[bytes, list[int]] | None:
@@ -149,6 +153,7 @@ class GateServer:
         self.dir = directory
         self.dir.mkdir(mode=0o700, exist_ok=True)
         self.sock_path = self.dir / "gate.sock"
+        self.claim_path = self.dir / "claim.sock"
         self.snap_path = self.dir / "policy.snap"
         self.token = secrets.token_hex(16)
         self.rule: Rule = lambda req: Run()
@@ -161,6 +166,9 @@ class GateServer:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(self.sock_path))
         self.listener.listen(128)
+        self.claim_listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.claim_listener.bind(str(self.claim_path))
+        self.claim_listener.listen(128)
         self._stop_r, self._stop_w = os.pipe()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -231,18 +239,23 @@ class GateServer:
         os.write(self._stop_w, b"x")
         self.thread.join(10)
         self.listener.close()
+        self.claim_listener.close()
         os.close(self._stop_r)
         os.close(self._stop_w)
 
     def _serve(self) -> None:
         while True:
-            ready, _, _ = select.select([self.listener, self._stop_r], [], [])
+            listeners = [self.listener, self.claim_listener]
+            ready, _, _ = select.select([*listeners, self._stop_r], [], [])
             if self._stop_r in ready:
                 return
-            conn, _ = self.listener.accept()
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+            for listener in listeners:
+                if listener in ready:
+                    conn, _ = listener.accept()
+                    claims = listener is self.claim_listener
+                    threading.Thread(target=self._handle, args=(conn, claims), daemon=True).start()
 
-    def _handle(self, conn: socket.socket) -> None:
+    def _handle(self, conn: socket.socket, claims: bool) -> None:
         try:
             with conn:
                 got = recv_frame(conn)
@@ -250,14 +263,17 @@ class GateServer:
                     return
                 payload, fds = got
                 fields = P.split_payload(payload)
-                if fields[0] == b"exec":
+                if fields[0] == b"exec" and not claims:
                     for fd in fds:
                         os.close(fd)
                     self._exec(conn, P.parse_exec_request(fields))
-                elif fields[0] == b"claim":
+                elif fields[0] == b"claim" and claims:
                     self._claim(conn, P.parse_claim(fields), fds)
                 else:
-                    raise P.ProtocolError(f"unexpected {fields[0]!r}")
+                    for fd in fds:
+                        os.close(fd)
+                    where = "claim" if claims else "gate"
+                    raise P.ProtocolError(f"unexpected {fields[0]!r} on the {where} socket")
         except Exception as exc:  # recorded, the test decides
             with self.lock:
                 import traceback
@@ -303,6 +319,11 @@ class GateServer:
                 conn.sendall(P.encode_deny("execgate: denied: descriptor count mismatch"))
                 return
             esc.claim = claim
+            esc.claimer_pid, _, _ = struct.unpack(
+                "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+            )
+            with contextlib.suppress(OSError):
+                esc.claimer_exe = os.readlink(f"/proc/{esc.claimer_pid}/exe")
             req = esc.request
             # move the received descriptors out of the way, then place them at their numbers
             high = [fcntl_dup(fd) for fd in fds]
@@ -351,10 +372,12 @@ class GateServer:
                 os.close(pidfd)
             _, status = os.waitpid(pid, 0)
             esc.status = status
-            if os.WIFSIGNALED(status):
-                conn.sendall(P.encode_signal(os.WTERMSIG(status)))
-            else:
-                conn.sendall(P.encode_exit(os.WEXITSTATUS(status)))
+            esc.ended.set()
+            with contextlib.suppress(OSError):  # the claimer may be gone
+                if os.WIFSIGNALED(status):
+                    conn.sendall(P.encode_signal(os.WTERMSIG(status)))
+                else:
+                    conn.sendall(P.encode_exit(os.WEXITSTATUS(status)))
         finally:
             for fd in fds:
                 os.close(fd)

@@ -6,8 +6,11 @@ the wrapper sent, so these are end-to-end checks of what the caller sees."""
 from __future__ import annotations
 
 import os
+import select
+import shutil
 import signal
 import subprocess
+import textwrap
 
 from .gateserver import Deny, Escalate, Run, deny_names
 from .support import Gate, marker
@@ -62,11 +65,114 @@ def test_signals_are_forwarded(gate: Gate) -> None:
     )
     assert p.stdout is not None
     assert p.stdout.readline() == b"ready\n"  # the escalated program runs, handler installed
-    os.kill(p.pid, signal.SIGUSR1)  # p is the wrapper (claim mode)
+    os.kill(p.pid, signal.SIGUSR1)  # p is the claimer: bash, which claimed in-process
     out, _ = p.communicate(timeout=60)
     assert out == f"got {int(signal.SIGUSR1)}\n".encode()
     assert p.returncode == 9
-    assert gate.server.escalations[0].signals == [signal.SIGUSR1]
+    (e,) = gate.server.escalations
+    assert e.signals == [signal.SIGUSR1]
+    assert e.claimer_pid == p.pid
+
+
+def _claimers(gate: Gate) -> list[str | None]:
+    with gate.server.lock:
+        return [e.claimer_exe for e in gate.server.escalations]
+
+
+def test_who_claims_fork_children_in_process_vfork_children_through_the_wrapper(
+    gate: Gate,
+    cprog,  # type: ignore[no-untyped-def]
+) -> None:
+    """A process that may turn into the claim does (no extra exec); a vfork child (its parent
+    waits for an exec), posix_spawn, and a process with other threads (an exec would end
+    them) exec the wrapper. Every way ends with the program's output and status."""
+    esc_rule(gate)
+    marker(gate.bin, "esc", 'cat >/dev/null; echo "esc:$*"; exit 6')
+    claimers = str(cprog("claimers"))
+    wrapper = str(gate.native["wrapper"])
+    cases = {"fork": claimers, "vfork": wrapper, "thread": wrapper, "from-thread": wrapper}
+    for how, claimer in cases.items():
+        before = len(_claimers(gate))
+        r = gate.run([claimers, how, "esc", how], input=b"")
+        assert (r.returncode, r.stdout) == (6, f"esc:{how}\n".encode()), (how, r)
+        assert _claimers(gate)[before:] == [claimer], how
+    before = len(_claimers(gate))
+    r = gate.sh("esc bash </dev/null; echo rc=$?")  # bash forks, the child execs
+    assert r.stdout == b"esc:bash\nrc=6\n"
+    code = "import subprocess; print(subprocess.run(['esc', 'py'], input=b'').returncode)"
+    r = gate.run(["python3", "-c", code])  # subprocess: vfork (or clone(CLONE_VFORK)), exec
+    assert r.stdout == b"esc:py\n6\n"
+    bash = os.path.realpath(shutil.which("bash", path=gate.env["PATH"]) or "")
+    assert _claimers(gate)[before:] == [bash, wrapper]
+
+
+def _readline(p: subprocess.Popen[bytes], timeout: float = 60) -> bytes:
+    """A line of p's unbuffered stdout (bufsize=0: nothing read ahead that select misses)."""
+    assert p.stdout is not None
+    ready, _, _ = select.select([p.stdout], [], [], timeout)  # a guard against a hang only
+    assert ready, "no output"
+    return p.stdout.readline()
+
+
+def test_in_process_claim_closes_what_an_exec_would_close(gate: Gate) -> None:
+    """The claimer's close-on-exec descriptors close once the claim is sent, as an exec would
+    close them: here a pipe whose reader waits for end-of-file while the program runs."""
+    esc_rule(gate)
+    marker(gate.bin, "esc", "echo esc-running; read x; exit 3")
+    code = textwrap.dedent(
+        """
+        import os
+        r, w = os.pipe()  # close-on-exec, as Python makes them
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            os.execvp("esc", ["esc"])
+        os.close(w)
+        print("eof" if os.read(r, 1) == b"" else "data", flush=True)
+        print("status", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+        """
+    )
+    p = subprocess.Popen(
+        ["python3", "-c", code],
+        env=gate.env,
+        cwd=gate.work,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        bufsize=0,
+    )
+    assert p.stdin is not None
+    first = {_readline(p), _readline(p)}  # while esc still waits for its input
+    assert first == {b"esc-running\n", b"eof\n"}
+    p.stdin.close()
+    assert _readline(p) == b"status 3\n"
+    assert p.wait(60) == 0
+    (e,) = gate.server.escalations
+    assert e.claimer_exe == os.path.realpath(shutil.which("python3", path=gate.env["PATH"]) or "")
+
+
+def test_in_process_claim_runs_no_handler_of_the_caller(gate: Gate, cprog) -> None:  # type: ignore[no-untyped-def]
+    """After an exec a caught signal has its default action again; so in a process that became
+    the claim: SIGRTMIN (not forwarded) kills the claimer, and the escalated program, whose
+    claimer is gone, is killed too."""
+    esc_rule(gate)
+    marker(gate.bin, "esc", "echo started; exec sleep 1000")
+    p = subprocess.Popen(
+        [str(cprog("claimers")), "handler", "esc"],
+        env=gate.env,
+        cwd=gate.work,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        bufsize=0,
+    )
+    assert _readline(p) == b"started\n"
+    e = gate.server.wait_escalation_started()
+    assert e.claimer_pid == p.pid  # claimed in-process
+    os.kill(p.pid, signal.SIGRTMIN)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGRTMIN
+    assert out == b""  # no "handler ran"; and the pipe's last writer, the program, is gone
+    assert e.ended.wait(60)
+    assert e.status is not None and os.WTERMSIG(e.status) == signal.SIGKILL
 
 
 def test_escalation_from_every_spawner(gate: Gate, cprog) -> None:  # type: ignore[no-untyped-def]
@@ -96,6 +202,16 @@ def test_escalation_without_wrapper_is_denied(gate: Gate) -> None:
     r = gate.run(["bash", "-c", "esc; echo rc=$?"], env=env)
     assert r.stdout == b"rc=126\n"
     assert b"escalation needs EXECGATE_WRAPPER" in r.stderr
+
+
+def test_claims_go_to_the_claim_socket(gate: Gate) -> None:
+    """claim.sock beside EXECGATE_SOCKET: a stand-in without one makes the claim fail closed."""
+    esc_rule(gate)
+    marker(gate.bin, "esc", "echo ran")
+    gate.server.claim_path.unlink()
+    r = gate.sh("esc; echo rc=$?")
+    assert r.stdout == b"rc=126\n"
+    assert r.stderr.startswith(b"execgate: denied: esc: execgate server unreachable")
 
 
 def test_claim_with_unknown_ticket(gate: Gate) -> None:

@@ -1,10 +1,10 @@
 """The Python side of the ``execgate-launch`` control channel (docs/protocol.md §7).
 
 One launcher per session: a subreaper that spawns every program of the session (the sandboxed
-main program and each escalated one), reports their exits, and kills the whole tree when the
-session ends. ::
+main program and each escalated one), reports the exits of what the server spawned, and kills
+the whole tree when the session ends. ::
 
-    launcher = await Launcher.start(spec, new_session=True)
+    launcher = await Launcher.start(spec, new_session=True, claim_path=dir / "claim.sock")
     try:
         proc = await launcher.spawn(path=b"/bin/bash", argv=[b"bash", b"-c", b"make"],
                                     env=env, cwd=b"/src", fds={0: 0, 1: w, 2: w},
@@ -12,11 +12,16 @@ session ends. ::
         status = await proc.wait()          # raw wait(2) status
     finally:
         await launcher.shutdown()           # nothing of the session survives this
+
+Escalations do not pass through here: :meth:`Launcher.authorize` posts a ticket, and the
+claimer (interposer or wrapper) claims it at the launcher's claim socket directly (§4).
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
+import collections
 import contextlib
 import itertools
 import os
@@ -24,15 +29,19 @@ import signal
 import socket
 import subprocess
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 
 from execgate.errors import ExecgateError
 from execgate.gate.channel import Channel, ChannelClosed
 from execgate.gate.protocol import (
+    MAX_FDS,
+    EnvRules,
     Exited,
     ProtocolError,
     Spawned,
     SpawnFailed,
+    encode_authorize,
     encode_launcher_signal,
     encode_shutdown,
     encode_spawn,
@@ -44,6 +53,8 @@ from execgate.sandbox.spec import SandboxSpec
 
 # How long shutdown() waits beyond the grace period before SIGKILLing a stuck launcher.
 _STUCK_AFTER = 15.0
+# How long an authorized escalation ticket can be claimed (protocol §4).
+TICKET_LIFETIME = 30.0
 
 
 async def _read_to_eof(fd: int) -> bytes:
@@ -126,21 +137,42 @@ class LaunchedProcess:
             self._ended.set()
 
 
+class _Outgoing:
+    """A frame on its way to the launcher (descriptors ride on its first byte)."""
+
+    __slots__ = ("data", "done", "fds")
+
+    def __init__(self, frame: bytes, fds: Sequence[int], done: asyncio.Future[None]) -> None:
+        self.data = memoryview(frame)
+        self.fds = list(fds)
+        self.done = done
+
+
 class Launcher:
     """A running ``execgate-launch`` and its control channel."""
 
     def __init__(
-        self, process: subprocess.Popen[bytes], channel: Channel, sandbox: SandboxSpec | None
+        self,
+        process: subprocess.Popen[bytes],
+        channel: Channel,
+        sandbox: SandboxSpec | None,
+        claim_path: Path | None = None,
     ) -> None:
         self.pid = process.pid
         self.sandbox = sandbox
+        self.claim_path = claim_path
         self._process = process
         self._channel = channel
         self._loop = asyncio.get_running_loop()
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[LaunchedProcess]] = {}
         self._running: dict[int, LaunchedProcess] = {}
-        self._send_lock = asyncio.Lock()
+        # Frames are written in order by one writer; a frame that fits into the socket buffer
+        # is written at once (authorize() relies on that: no await between post and answer).
+        self._outgoing: collections.deque[_Outgoing] = collections.deque()
+        self._writing = False  # a writer callback is registered
+        self._written: asyncio.Future[None] = self._loop.create_future()
+        self._written.set_result(None)  # what _enqueue returns for a frame written at once
         self._posted: set[asyncio.Task[None]] = set()
         self._closed = False
         self._shutdown_task: asyncio.Task[None] | None = None
@@ -150,7 +182,12 @@ class Launcher:
 
     @classmethod
     async def start(
-        cls, sandbox: SandboxSpec | None, *, new_session: bool, stderr: int | None = None
+        cls,
+        sandbox: SandboxSpec | None,
+        *,
+        new_session: bool,
+        stderr: int | None = None,
+        claim_path: Path | None = None,
     ) -> Launcher:
         """Start a launcher whose ``sandboxed`` spawns are confined by ``sandbox``.
 
@@ -158,6 +195,8 @@ class Launcher:
         kernel cannot enforce ``sandbox``: nothing ever runs unconfined by surprise.
         ``new_session``: the launcher calls setsid (no controlling terminal; e.g. for MCP).
         ``stderr``: where the launcher's own diagnostics go (default: inherited).
+        ``claim_path``: where the launcher listens for escalation claims (§4), a socket created
+        here, mode 0600, in a folder only we can write to; without it nothing can be claimed.
         """
         if sandbox is not None:
             if sandbox.strict_exec:  # the gate's own wrapper must stay executable
@@ -165,15 +204,20 @@ class Launcher:
                 sandbox = sandbox.with_gate_paths(executables=gate)
             require_support(sandbox)
         path = native_path(LAUNCHER)
+        claims = _listen(claim_path) if claim_path is not None else None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             args = [str(path), "--control", str(theirs.fileno())]
+            passed = [theirs.fileno()]
+            if claims is not None:
+                args += ["--claim-fd", str(claims.fileno())]
+                passed.append(claims.fileno())
             if sandbox is not None:
                 args += sandbox.launcher_args()
             try:
                 process = subprocess.Popen(
                     args,
-                    pass_fds=(theirs.fileno(),),
+                    pass_fds=passed,
                     start_new_session=new_session,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,  # closed by the launcher once it is ready
@@ -182,9 +226,13 @@ class Launcher:
                 )
             except OSError as exc:
                 ours.close()
+                if claim_path is not None:
+                    claim_path.unlink(missing_ok=True)
                 raise LauncherError(f"cannot start {path}: {exc.strerror}") from None
         finally:
             theirs.close()
+            if claims is not None:
+                claims.close()  # the launcher's alone: nobody can claim once it is gone
         try:
             assert process.stdout is not None
             said = await _read_to_eof(process.stdout.fileno())
@@ -195,7 +243,7 @@ class Launcher:
             ours.close()
             status = await asyncio.get_running_loop().run_in_executor(None, process.wait)
             raise LauncherError(f"{path} failed to start (status {status})")
-        return cls(process, Channel(ours), sandbox)
+        return cls(process, Channel(ours), sandbox, claim_path)
 
     @property
     def running(self) -> bool:
@@ -248,6 +296,41 @@ class Launcher:
             raise
         return await future
 
+    def authorize(
+        self,
+        ticket: str,
+        *,
+        token: bytes,
+        display: str,
+        path: bytes,
+        argv: Sequence[bytes],
+        cwd: bytes,
+        env: EnvRules,
+        lifetime: float = TICKET_LIFETIME,
+    ) -> asyncio.Future[None]:
+        """Let ``ticket`` be claimed once, within ``lifetime`` seconds, by a claimer presenting
+        ``token``: the launcher then runs ``path`` unconfined with ``argv`` in ``cwd``, on the
+        claimer's descriptors and its environment passed through ``env`` (§4, §7).
+
+        Posted, not awaited: the returned future is already done when the message went out at
+        once (the usual case), so an answer sent to the client after this call cannot overtake
+        it. Otherwise the caller must await it before handing out the ticket. ``display``: the
+        command in the launcher's messages (``execgate: cannot run DISPLAY: …``).
+        """
+        if not self.running:
+            raise LauncherError("the session launcher is not running")
+        frame = encode_authorize(
+            ticket,
+            lifetime_ms=max(0, round(lifetime * 1000)),
+            token=token,
+            display=display.replace("\n", " "),
+            path=path,
+            cwd=cwd,
+            argv=argv,
+            env=env,
+        )
+        return self._enqueue(frame)
+
     async def shutdown(self, grace: float = 0.5) -> None:
         """SIGTERM every process of the session, SIGKILL what is left after ``grace`` seconds,
         reap them all, and wait for the launcher to exit. Idempotent."""
@@ -269,26 +352,80 @@ class Launcher:
     # -- internals ------------------------------------------------------------------------
 
     async def _send(self, frame: bytes, fds: Sequence[int] = ()) -> None:
-        if self._closed:
-            raise LauncherError("the session launcher is not running")
-        async with self._send_lock:
-            try:
-                await self._channel.send(frame, fds)
-            except OSError as exc:
-                raise LauncherError(f"the session launcher is gone ({exc.strerror})") from None
+        """Send a frame and wait until it is written (``fds`` must stay open until then)."""
+        await self._enqueue(frame, fds)
 
     def _post(self, frame: bytes) -> None:
         """Send without waiting (signals); failures mean the launcher is gone: ignored."""
+        if not self._closed:
+            self._enqueue(frame).add_done_callback(_ignore_outcome)
 
-        async def send() -> None:
-            with contextlib.suppress(LauncherError):
-                await self._send(frame)
-
+    def _enqueue(self, frame: bytes, fds: Sequence[int] = ()) -> asyncio.Future[None]:
+        """Queue a frame behind the others and write what can be written right now."""
+        if len(fds) > MAX_FDS:
+            raise ProtocolError(f"too many fds: {len(fds)}")
+        done: asyncio.Future[None]
         if self._closed:
-            return
-        task = self._loop.create_task(send())
-        self._posted.add(task)
-        task.add_done_callback(self._posted.discard)
+            done = self._loop.create_future()
+            done.set_exception(LauncherError("the session launcher is not running"))
+            return done
+        if not self._outgoing and not fds:  # the usual case: straight into the socket
+            try:
+                sent = self._channel.sock.send(frame)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                done = self._loop.create_future()
+                done.set_exception(LauncherError(f"the session launcher is gone ({exc.strerror})"))
+                return done
+            if sent == len(frame):
+                return self._written
+            frame = frame[sent:]
+        done = self._loop.create_future()
+        self._outgoing.append(_Outgoing(frame, fds, done))
+        if len(self._outgoing) == 1:
+            self._write()
+        return done
+
+    def _write(self) -> None:
+        sock = self._channel.sock
+        while self._outgoing:
+            item = self._outgoing[0]
+            try:
+                if item.fds:
+                    rights = array.array("i", item.fds)
+                    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)]
+                    sent = sock.sendmsg([item.data], ancillary)
+                    item.fds = []
+                else:
+                    sent = sock.send(item.data)
+            except BlockingIOError:
+                if not self._writing:
+                    self._loop.add_writer(sock.fileno(), self._write)
+                    self._writing = True
+                return
+            except OSError as exc:
+                self._fail_outgoing(f"the session launcher is gone ({exc.strerror})")
+                return
+            item.data = item.data[sent:]
+            if not item.data:
+                self._outgoing.popleft()
+                if not item.done.done():
+                    item.done.set_result(None)
+        self._stop_writing()
+
+    def _stop_writing(self) -> None:
+        if self._writing:
+            self._writing = False
+            with contextlib.suppress(ValueError, OSError):  # the socket may be closed already
+                self._loop.remove_writer(self._channel.sock.fileno())
+
+    def _fail_outgoing(self, reason: str) -> None:
+        self._stop_writing()
+        while self._outgoing:
+            item = self._outgoing.popleft()
+            if not item.done.done():
+                item.done.set_exception(LauncherError(reason))
 
     def _watch_exit(self) -> None:
         try:
@@ -335,6 +472,7 @@ class Launcher:
             reason = f"the session launcher's channel failed ({exc.strerror})"
         finally:
             self._closed = True
+            self._fail_outgoing(reason)
             error = LauncherError(reason)
             for future in self._pending.values():
                 if not future.done():
@@ -377,4 +515,24 @@ class Launcher:
         except TimeoutError:
             self._reader.cancel()
         self._closed = True
+        self._fail_outgoing("the session launcher has shut down")
         self._channel.close()
+
+
+def _ignore_outcome(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: a launcher that is gone is not worth a warning
+
+
+def _listen(path: Path) -> socket.socket:
+    """A listening Unix socket at ``path``, connectable by our uid only."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(os.fspath(path))
+        os.chmod(path, 0o600)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        path.unlink(missing_ok=True)
+        raise LauncherError(f"cannot listen on {path}: {exc.strerror}") from None
+    return sock

@@ -70,10 +70,11 @@ class GatedExec:
             via=req.via,
         )
 
-    def display(self) -> str:
-        """The command as a person would recognise it (for messages)."""
+    def display(self, limit: int = 300) -> str:
+        """The command as a person would recognise it (for one-line messages)."""
         words = [self.argv[0] if self.argv and self.argv[0] else self.path, *self.argv[1:]]
-        return _join(words)
+        text = _join(words)
+        return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _join(words: list[str]) -> str:
@@ -112,6 +113,24 @@ def _loader_target(argv: tuple[str, ...]) -> tuple[str, list[str]] | None:
     return argv[i], list(argv[i + 1 :])
 
 
+_MAX_INTERPRETER_DEPTH = 4
+
+
+def shebang(path: str) -> tuple[str, str]:
+    """The ``#!`` interpreter and its optional argument, as the kernel parses them, or
+    ``("", "")`` when ``path`` is not a script (or cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return "", ""
+    if not head.startswith(b"#!"):
+        return "", ""
+    line = head[2:].split(b"\n", 1)[0].strip(b" \t\r")
+    interp, _, arg = line.replace(b"\t", b" ").partition(b" ")
+    return os.fsdecode(interp), os.fsdecode(arg.strip(b" \t"))
+
+
 def _resolve(program: str, cwd: str, search_path: str) -> str:
     if "/" in program:
         return posixpath.normpath(posixpath.join(cwd, program))
@@ -137,10 +156,15 @@ def commands_to_judge(
     commands = [[name, *rest] for name in _names(exec_.path, exec_.realpath)]
     for alias in aliases.get((exec_.dev, exec_.ino), ()):
         commands.append([alias, *rest])
-    if exec_.interp:
-        # What the kernel really runs: INTERP [ARG] SCRIPT ARGS…
-        interp = [exec_.interp, *([exec_.interp_arg] if exec_.interp_arg else [])]
-        commands.append([*interp, exec_.path, *rest])
+    # What the kernel really runs for a script: INTERP [ARG] SCRIPT ARGS…, where INTERP may
+    # itself be a script (the kernel follows up to 4 levels; so do we).
+    interp, interp_arg, script_command = exec_.interp, exec_.interp_arg, [exec_.path, *rest]
+    for _ in range(_MAX_INTERPRETER_DEPTH):
+        if not interp:
+            break
+        script_command = [interp, *([interp_arg] if interp_arg else []), *script_command]
+        commands.append(script_command)
+        interp, interp_arg = shebang(posixpath.join(exec_.cwd, interp))
     if is_loader(exec_.realpath or exec_.path):
         target = _loader_target(exec_.argv)
         if target is not None:

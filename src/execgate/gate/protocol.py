@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 TAG = b"EG1"
 HEADER = struct.Struct("<I")
@@ -158,12 +158,13 @@ def encode_signal(signum: int) -> bytes:
     return encode("signal", signum)
 
 
-# -- escalation claim (wrapper -> server) ----------------------------------------------------
+# -- escalation claim (claimer -> launcher's claim socket) ----------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class ClaimRequest:
-    """The wrapper claiming an escalation ticket with its descriptors and environment (§4)."""
+    """A claimer (the interposer in the exec'ing process, or the wrapper) claiming an
+    escalation ticket with its descriptors and environment (§4)."""
 
     token: bytes
     ticket: bytes
@@ -213,6 +214,76 @@ def encode_spawn(
 ) -> bytes:
     head: list[Field] = [spawn_id, ",".join(flags), pgid, cwd, path]
     return encode_fields("spawn", head, [list(fd_targets), argv, env])
+
+
+@dataclass(frozen=True, slots=True)
+class EnvRules:
+    """How the launcher turns a claimer's environment into the escalated program's (§7
+    ``authorize``), applied in this order:
+
+    * entries without ``=`` and names in ``drop`` are removed;
+    * names starting with one of ``drop_prefixes`` are removed unless the whole ``NAME=value``
+      entry is one of ``keep``;
+    * names that ``set`` assigns are removed;
+    * of a name that is still repeated, the last value wins, at the place of the first;
+    * the ``set`` entries (``NAME=value``) are appended.
+    """
+
+    drop: tuple[bytes, ...] = ()
+    drop_prefixes: tuple[bytes, ...] = ()
+    keep: tuple[bytes, ...] = ()
+    set: tuple[bytes, ...] = ()
+    # The four counted lists as they go on the wire (every escalation sends them).
+    wire: bytes = field(init=False, repr=False, compare=False, default=b"")
+
+    def __post_init__(self) -> None:
+        if any(b"=" not in entry for entry in self.set):
+            raise ValueError("EnvRules.set entries must be NAME=value")
+        lists = (self.drop, self.drop_prefixes, self.keep, self.set)
+        fields = [f for items in lists for f in (str(len(items)).encode(), *items)]
+        if any(b"\0" in f for f in fields):
+            raise ProtocolError("a field cannot contain NUL")
+        object.__setattr__(self, "wire", b"".join(f + b"\0" for f in fields))
+
+    def apply(self, env: Iterable[bytes]) -> list[bytes]:
+        """The same computation as the launcher's (the session's own command uses it)."""
+        drop = set(self.drop)
+        keep = set(self.keep)
+        assigned = {entry.partition(b"=")[0] for entry in self.set}
+        kept: dict[bytes, bytes] = {}
+        for entry in env:
+            name, sep, _ = entry.partition(b"=")
+            if not sep or name in drop or name in assigned:
+                continue
+            if name.startswith(self.drop_prefixes) and entry not in keep:
+                continue
+            kept[name] = entry
+        return [*kept.values(), *self.set]
+
+
+def encode_authorize(
+    ticket: str,
+    *,
+    lifetime_ms: int,
+    token: bytes,
+    display: str,
+    path: bytes,
+    cwd: bytes,
+    argv: Sequence[bytes],
+    env: EnvRules,
+) -> bytes:
+    # Hand-rolled (one per escalation, on the server's hot path); same bytes as encode_fields.
+    fields = [
+        TAG, b"authorize", ticket.encode(), b"%d" % lifetime_ms, token,
+        display.encode("utf-8", "surrogateescape"), path, cwd, b"%d" % len(argv), *argv,
+    ]  # fmt: skip
+    head = b"\0".join(fields) + b"\0"
+    if head.count(b"\0") != len(fields):
+        raise ProtocolError("a field cannot contain NUL")
+    payload = head + env.wire
+    if len(payload) > MAX_PAYLOAD:
+        raise ProtocolError(f"message too large: {len(payload)}")
+    return HEADER.pack(len(payload)) + payload
 
 
 def encode_launcher_signal(spawn_id: int, signum: int) -> bytes:

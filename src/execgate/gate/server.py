@@ -3,8 +3,8 @@
 This is the per-exec hot path on the Python side, so it stays off asyncio's stream machinery:
 the listening socket is watched with ``add_reader``; each accepted connection is read once with
 ``recvmsg`` (a request is one small frame, already sent by the time we accept) and answered
-synchronously when the decision needs no human. Only big requests, claims (which last as long
-as the escalated program) and questions to a human become tasks.
+synchronously when the decision needs no human. Only big requests and questions to a human
+become tasks. Escalation claims do not come here: the launcher serves them (protocol §4).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Protocol
 
-from execgate.gate.channel import Channel
 from execgate.gate.protocol import (
     HEADER,
     MAX_FDS,
@@ -53,13 +52,8 @@ class Peer:
 
 class RequestHandler(Protocol):
     def answer_exec(self, request: ExecRequest, peer: Peer) -> Answer:
-        """The framed answer to an exec request, or an awaitable of it (a human is asked)."""
-        ...
-
-    async def serve_claim(
-        self, channel: Channel, fields: list[bytes], fds: list[int], peer: Peer
-    ) -> None:
-        """Own a claim connection until the escalated program ends (closes ``fds``)."""
+        """The framed answer to an exec request, or an awaitable of it (a human is asked, or
+        an escalation is being authorized)."""
         ...
 
 
@@ -128,7 +122,7 @@ class GateServer:
             (length,) = HEADER.unpack_from(data)
             if HEADER.size + length <= len(data) and 0 < length <= MAX_PAYLOAD:
                 frame_end = HEADER.size + length
-                self._dispatch(conn, data[HEADER.size : frame_end], data[frame_end:], fds, peer)
+                self._dispatch(conn, data[HEADER.size : frame_end], fds, peer)
                 return
         self._spawn(self._serve_slowly(conn, data, fds, peer))
 
@@ -158,30 +152,21 @@ class GateServer:
             _close_all(fds)
             conn.close()
             return
-        frame_end = HEADER.size + length
-        self._dispatch(
-            conn, bytes(buffer[HEADER.size : frame_end]), bytes(buffer[frame_end:]), fds, peer
-        )
+        self._dispatch(conn, bytes(buffer[HEADER.size : HEADER.size + length]), fds, peer)
 
-    def _dispatch(
-        self, conn: socket.socket, payload: bytes, rest: bytes, fds: list[int], peer: Peer
-    ) -> None:
+    def _dispatch(self, conn: socket.socket, payload: bytes, fds: list[int], peer: Peer) -> None:
         try:
             fields = split_payload(payload)
             kind = fields[0]
-            if kind == b"exec":
-                if fds:
-                    raise ProtocolError("unexpected descriptors with an exec request")
-                answer = self._handler.answer_exec(parse_exec_request(fields), peer)
-                if isinstance(answer, bytes):
-                    _send_and_close(conn, answer)
-                else:
-                    self._spawn(self._answer_later(conn, answer))
-            elif kind == b"claim":
-                channel = Channel(conn, buffered=rest)
-                self._spawn(self._handler.serve_claim(channel, fields, fds, peer))
-            else:
+            if kind != b"exec":  # claims go to the launcher's claim socket (§4)
                 raise ProtocolError(f"unknown message {kind[:20]!r}")
+            if fds:
+                raise ProtocolError("unexpected descriptors with an exec request")
+            answer = self._handler.answer_exec(parse_exec_request(fields), peer)
+            if isinstance(answer, bytes):
+                _send_and_close(conn, answer)
+            else:
+                self._spawn(self._answer_later(conn, answer))
         except ProtocolError as exc:
             log.warning("gate: malformed request from pid %d: %s", peer.pid, exc)
             _close_all(fds)

@@ -4,30 +4,28 @@
 around the command it gates. Data flows one way: the :class:`GateServer` reads a request, the
 session judges it with its :class:`EscalationPolicy` (asking a human through its
 :class:`Asker` when policy says ``prompt``), and escalations are carried out by the session's
-launcher. Closing the session denies pending questions, kills every process it started —
-sandboxed, escalated, orphaned — and removes its files.
+launcher: for an ``escalate`` decision the session authorizes a ticket at the launcher, and the
+client claims it there directly (docs/protocol.md §4, §7). Closing the session denies pending
+questions, kills every process it started — sandboxed, escalated, orphaned — and removes its
+files.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import secrets
 import shutil
-import signal
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from execgate import native
 from execgate.errors import ExecgateError
 from execgate.gate import protocol
-from execgate.gate.channel import Channel, ChannelClosed
 from execgate.gate.escalation import (
     Action,
     ApprovalRequest,
@@ -36,10 +34,10 @@ from execgate.gate.escalation import (
     Verdict,
     no_one_to_ask,
 )
-from execgate.gate.launcher import LaunchedProcess, Launcher
+from execgate.gate.launcher import LaunchedProcess, Launcher, LauncherError
 from execgate.gate.livepolicy import LivePolicy
-from execgate.gate.program import GatedExec
-from execgate.gate.protocol import ExecRequest, ProtocolError
+from execgate.gate.program import GatedExec, shebang
+from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import Answer, GateServer, Peer
 from execgate.gate.snapshot import write_atomically
 from execgate.sandbox import SandboxSpec
@@ -53,7 +51,6 @@ GATE_VARIABLES = (
     "EXEC_WRAPPER",
     "BASH_EXEC_WRAPPER",
 )
-TICKET_LIFETIME = 30.0
 
 
 class SessionDenied(ExecgateError):
@@ -61,13 +58,6 @@ class SessionDenied(ExecgateError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, exit_status=126)
-
-
-@dataclass(frozen=True)
-class _Ticket:
-    exec: GatedExec
-    program: bytes  # what to execute: the canonical path checked at decision time
-    created: float
 
 
 class AuditLog:
@@ -124,7 +114,7 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
             path = Path(tempfile.mkdtemp(prefix=f"execgate-{os.getuid()}-", dir=base))
         except OSError:
             continue
-        if len(os.fsencode(path / "gate.sock")) < 100:  # sun_path limit
+        if len(os.fsencode(path / "claim.sock")) < 100:  # sun_path limit (and gate.sock)
             return path
         shutil.rmtree(path, ignore_errors=True)
     raise ExecgateError(
@@ -161,12 +151,11 @@ class EscalationSession:
         self.escalated_token = secrets.token_hex(16)
         self._audit = audit
         self._on_ask = on_ask
-        self._tickets: dict[str, _Ticket] = {}
-        self._escalated: set[LaunchedProcess] = set()
         self._closing = asyncio.Event()
         self._asks = 0
         self.dir = make_session_dir(sandbox.writable_roots if sandbox else ())
         self.socket_path = self.dir / "gate.sock"
+        self.claim_path = self.dir / "claim.sock"  # the launcher's (protocol §4)
         self.snapshot_path = self.dir / "policy.snap"
         write_atomically(self.snapshot_path, live.snapshot)
         self._unsubscribe = live.subscribe(self.publish_snapshot)
@@ -174,6 +163,7 @@ class EscalationSession:
         self.wrapper = native.native_path(native.WRAPPER)
         self._server: GateServer | None = None
         self._launcher: Launcher | None = None
+        self._env_rules: EnvRules | None = None
 
     @classmethod
     async def open(
@@ -213,7 +203,9 @@ class EscalationSession:
                 spec = sandbox.with_gate_paths(
                     session_dir=session.dir, executables=[session.wrapper, session.interposer]
                 )
-            session._launcher = await Launcher.start(spec, new_session=new_process_session)
+            session._launcher = await Launcher.start(
+                spec, new_session=new_process_session, claim_path=session.claim_path
+            )
         except BaseException:
             await session.aclose()
             raise
@@ -250,31 +242,35 @@ class EscalationSession:
         merged["LD_PRELOAD"] = self._with_preload(env.get("LD_PRELOAD"))
         return [os.fsencode(f"{k}={v}") for k, v in merged.items()]
 
+    def escalated_env_rules(self) -> EnvRules:
+        """How a caller's environment becomes its escalated program's (the launcher applies
+        them to the claimer's environment): dynamic-loader variables the caller set (that
+        differ from the session's own environment) are dropped, and the gate is re-added with
+        the escalated token (or removed, when escalated programs leave the gate, keeping only
+        the user's own ``LD_PRELOAD``)."""
+        if self._env_rules is None:
+            base_loader = sorted(
+                os.fsencode(f"{k}={v}")
+                for k, v in self.base_env.items()
+                if k.startswith("LD_") and k != "LD_PRELOAD"
+            )
+            user_preload = self.base_env.get("LD_PRELOAD")
+            overlay: dict[str, str] = {}
+            if self.gate_escalated:
+                overlay = self.gate_env(escalated=True)
+                overlay["LD_PRELOAD"] = self._with_preload(user_preload)
+            elif user_preload:
+                overlay["LD_PRELOAD"] = user_preload
+            self._env_rules = EnvRules(
+                drop=tuple(os.fsencode(name) for name in (*GATE_VARIABLES, "LD_PRELOAD")),
+                drop_prefixes=(b"LD_",),
+                keep=tuple(base_loader),
+                set=tuple(os.fsencode(f"{k}={v}") for k, v in overlay.items()),
+            )
+        return self._env_rules
+
     def _escalated_environment(self, raw_env: Sequence[bytes]) -> list[bytes]:
-        """The caller's environment for its escalated program: dynamic-loader variables the
-        caller set (that differ from the session's own environment) are dropped, and the gate
-        is re-added (or removed, when escalated programs leave the gate)."""
-        base = {os.fsencode(k): os.fsencode(v) for k, v in self.base_env.items()}
-        kept: dict[bytes, bytes] = {}
-        for entry in raw_env:
-            name, sep, value = entry.partition(b"=")
-            if not sep or name.decode("latin-1") in GATE_VARIABLES:
-                continue
-            if name.startswith(b"LD_") and base.get(name) != value and name != b"LD_PRELOAD":
-                continue
-            kept[name] = value
-        env = {os.fsdecode(k): os.fsdecode(v) for k, v in kept.items()}
-        user_preload = self.base_env.get("LD_PRELOAD")
-        if self.gate_escalated:
-            env.pop("LD_PRELOAD", None)
-            if user_preload:
-                env["LD_PRELOAD"] = user_preload
-            return self.environment(env, escalated=True)
-        if user_preload:
-            env["LD_PRELOAD"] = user_preload
-        else:
-            env.pop("LD_PRELOAD", None)
-        return [os.fsencode(f"{k}={v}") for k, v in env.items()]
+        return self.escalated_env_rules().apply(raw_env)
 
     # -- policy updates ------------------------------------------------------------------
 
@@ -342,15 +338,15 @@ class EscalationSession:
             action = self.escalation.decide(exec_, confined=confined)
         if action.verdict == Verdict.ASK:
             assert action.approval is not None
-            return self._ask_then_answer(exec_, action.approval, confined)
+            return self._ask_then_answer(exec_, request, action.approval, confined)
         self._record(exec_, action)
-        return self._encode(exec_, action)
+        return self._encode(exec_, request, action)
 
-    def _encode(self, exec_: GatedExec, action: Action) -> bytes:
+    def _encode(self, exec_: GatedExec, request: ExecRequest, action: Action) -> Answer:
         if action.verdict == Verdict.RUN:
             return protocol.RUN
         if action.verdict == Verdict.ESCALATE:
-            return protocol.encode_escalate(self._issue_ticket(exec_))
+            return self._escalate(exec_, request)
         return protocol.encode_deny(self.denial(exec_, action.reason))
 
     def _record(self, exec_: GatedExec, action: Action) -> None:
@@ -360,11 +356,12 @@ class EscalationSession:
             self._audit.record(exec_, action.verdict.value, action.reason)
 
     async def _ask_then_answer(
-        self, exec_: GatedExec, request: ApprovalRequest, confined: bool
+        self, exec_: GatedExec, request: ExecRequest, approval: ApprovalRequest, confined: bool
     ) -> bytes:
-        action = await self._ask(request, confined=confined)
+        action = await self._ask(approval, confined=confined)
         self._record(exec_, action)
-        return self._encode(exec_, action)
+        answer = self._encode(exec_, request, action)
+        return answer if isinstance(answer, bytes) else await answer
 
     async def _ask(self, request: ApprovalRequest, *, confined: bool) -> Action:
         """Ask a human; a session that ends or a question nobody answers in time is a denial."""
@@ -395,105 +392,41 @@ class EscalationSession:
 
     # -- escalation ----------------------------------------------------------------------
 
-    def _issue_ticket(self, exec_: GatedExec) -> str:
-        now = time.monotonic()
-        for key in [k for k, t in self._tickets.items() if now - t.created > TICKET_LIFETIME]:
-            del self._tickets[key]
+    def _escalate(self, exec_: GatedExec, request: ExecRequest) -> Answer:
+        """Authorize a ticket at the launcher, then hand it to the client, which claims it
+        there (§4). The authorization is written to the launcher before the answer is sent,
+        so it is always there first."""
         ticket = secrets.token_hex(16)
-        program = exec_.realpath or exec_.path
-        self._tickets[ticket] = _Ticket(exec_, os.fsencode(program), now)
-        return ticket
-
-    async def serve_claim(
-        self, channel: Channel, fields: list[bytes], fds: list[int], peer: Peer
-    ) -> None:
-        process: LaunchedProcess | None = None
         try:
-            try:
-                claim = protocol.parse_claim(fields)
-            except ProtocolError as exc:
-                log.warning("gate: malformed claim from pid %d: %s", peer.pid, exc)
-                return
-            ticket = self._tickets.pop(claim.ticket.decode("ascii", "replace"), None)
-            if claim.token not in (self.token.encode(), self.escalated_token.encode()):
-                await channel.send(protocol.encode_deny("execgate: claim not from this session"))
-                return
-            if ticket is None or time.monotonic() - ticket.created > TICKET_LIFETIME:
-                await channel.send(
-                    protocol.encode_deny("execgate: escalation ticket unknown or expired")
-                )
-                return
-            if len(fds) != len(claim.fd_numbers):
-                await channel.send(protocol.encode_deny("execgate: descriptor count mismatch"))
-                return
-            try:
-                pgid = os.getpgid(peer.pid)
-            except OSError:
-                pgid = 0
-            try:
-                process = await self.launcher.spawn(
-                    path=ticket.program,
-                    argv=[os.fsencode(a) for a in ticket.exec.argv],
-                    env=self._escalated_environment(claim.env),
-                    cwd=os.fsencode(ticket.exec.cwd),
-                    fds=dict(zip(claim.fd_numbers, fds, strict=True)),
-                    sandboxed=False,
-                    pgid=pgid,
-                )
-            except ExecgateError as exc:
-                await channel.send(
-                    protocol.encode_deny(f"execgate: cannot run {ticket.exec.display()}: {exc}")
-                )
-                return
-            finally:
-                for fd in fds:
-                    os.close(fd)
-                fds = []
-            self._escalated.add(process)
-            status = await self._relay_until_exit(channel, process)
-            code = os.waitstatus_to_exitcode(status)
-            frame = protocol.encode_signal(-code) if code < 0 else protocol.encode_exit(code)
-            with contextlib.suppress(OSError):
-                await channel.send(frame)
-        except (OSError, ChannelClosed):
-            pass
-        finally:
-            for fd in fds:
-                os.close(fd)
-            if process is not None:
-                self._escalated.discard(process)
-            channel.close()
+            posted = self.launcher.authorize(
+                ticket,
+                token=request.token,
+                display=exec_.display(),
+                path=request.realpath or request.path,  # the file that was checked
+                argv=request.argv,
+                cwd=request.cwd,
+                env=self.escalated_env_rules(),
+            )
+        except (LauncherError, ProtocolError) as exc:
+            return self._cannot_escalate(exec_, exc)
+        frame = protocol.encode_escalate(ticket)
+        if not posted.done():  # the control channel is backed up: answer once it is written
+            return self._answer_when_posted(exec_, posted, frame)
+        error = posted.exception()
+        return frame if error is None else self._cannot_escalate(exec_, error)
 
-    async def _relay_until_exit(self, channel: Channel, process: LaunchedProcess) -> int:
-        """Wait for the escalated program, forwarding the wrapper's signals to it. If the
-        wrapper goes away, the program it stood for is killed."""
-        exited = asyncio.ensure_future(process.wait())
-        incoming: asyncio.Future[tuple[list[bytes], list[int]]] | None = asyncio.ensure_future(
-            channel.recv()
-        )
+    async def _answer_when_posted(
+        self, exec_: GatedExec, posted: Awaitable[None], frame: bytes
+    ) -> bytes:
         try:
-            while True:
-                waiting: set[asyncio.Future[object]] = {exited}  # type: ignore[arg-type]
-                if incoming is not None:
-                    waiting.add(incoming)  # type: ignore[arg-type]
-                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                if exited.done():
-                    return exited.result()
-                assert incoming is not None
-                try:
-                    fields, stray = incoming.result()
-                    for fd in stray:
-                        os.close(fd)
-                    process.signal(protocol.parse_signal(fields))
-                    incoming = asyncio.ensure_future(channel.recv())
-                except (ChannelClosed, ProtocolError, OSError):
-                    process.signal(signal.SIGKILL)
-                    incoming = None
-        finally:
-            if incoming is not None:
-                incoming.cancel()
-            if not exited.done():
-                exited.cancel()
+            await posted
+        except LauncherError as exc:
+            return self._cannot_escalate(exec_, exc)
+        return frame
+
+    def _cannot_escalate(self, exec_: GatedExec, error: BaseException) -> bytes:
+        log.warning("gate: cannot escalate %s: %s", exec_.display(), error)
+        return protocol.encode_deny(self.denial(exec_, f"cannot escalate ({error})"))
 
     # -- the end -------------------------------------------------------------------------
 
@@ -531,15 +464,7 @@ def describe_exec(program: str, argv: Sequence[str], *, cwd: str, via: str) -> G
         st = os.stat(program)
     except OSError as exc:
         raise ExecgateError(f"{program}: {exc.strerror}", exit_status=127) from None
-    interp, interp_arg = "", ""
-    with contextlib.suppress(OSError), open(program, "rb") as f:
-        head = f.read(256)
-        if head.startswith(b"#!"):
-            line = head[2:].split(b"\n", 1)[0].strip()
-            parts = line.split(None, 1)
-            if parts:
-                interp = os.fsdecode(parts[0])
-                interp_arg = os.fsdecode(parts[1].strip()) if len(parts) > 1 else ""
+    interp, interp_arg = shebang(program)
     return GatedExec(
         path=program,
         realpath=os.path.realpath(program),

@@ -1,0 +1,416 @@
+/* Claiming an escalation (docs/protocol.md §4), shared by execgate-wrapper (claim mode and the
+ * patched-shell convention) and the interposer (an escalated exec in a process that may turn
+ * into the claim itself, without exec'ing the wrapper).
+ *
+ * The claimer connects to the launcher's claim socket (<session dir>/claim.sock), sends its
+ * inheritable descriptors and environment with the ticket, forwards the signals it receives, and
+ * ends the way the escalated program ended.
+ *
+ * Async-signal-safe: no malloc, no stdio, no locks (the interposer may be running in a signal
+ * handler, or in a child of a multi-threaded process whose locks were copied held).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "gate.h"
+
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+
+static const int forwarded[] = {SIGHUP,  SIGINT,  SIGQUIT, SIGTERM, SIGUSR1,
+                                SIGUSR2, SIGALRM, SIGWINCH, SIGCONT};
+#define N_FORWARDED (int)(sizeof forwarded / sizeof forwarded[0])
+#define MAX_SIG 64
+#define MAX_SEEN 1024
+
+static volatile sig_atomic_t pending[MAX_SIG + 1];
+static volatile sig_atomic_t any_pending;
+
+static void on_signal(int sig, siginfo_t *si, void *uc)
+{
+    (void)uc;
+    /* The terminal's signals (Ctrl-C, …) reached the escalated program through its process
+     * group already. */
+    if (si && si->si_code == SI_KERNEL)
+        return;
+    if (sig > 0 && sig <= MAX_SIG) {
+        pending[sig] = 1;
+        any_pending = 1;
+    }
+}
+
+static int is_forwarded(int sig)
+{
+    for (int i = 0; i < N_FORWARDED; i++)
+        if (forwarded[i] == sig)
+            return 1;
+    return 0;
+}
+
+/* Append s to buf (cap bytes, always NUL-terminated). */
+static void cat(char *buf, size_t cap, size_t *len, const char *s)
+{
+    size_t n = strlen(s);
+    if (*len + 1 >= cap)
+        return;
+    if (n > cap - 1 - *len)
+        n = cap - 1 - *len;
+    memcpy(buf + *len, s, n);
+    *len += n;
+    buf[*len] = '\0';
+}
+
+static void cat_num(char *buf, size_t cap, size_t *len, long long v)
+{
+    char num[24];
+    eg_fmt_long(num, v);
+    cat(buf, cap, len, num);
+}
+
+static void say(int errfd, const char *line)
+{
+    if (errfd < 0)
+        return;
+    char buf[1024];
+    size_t n = 0;
+    buf[0] = '\0';
+    cat(buf, sizeof buf - 1, &n, line);
+    buf[n++] = '\n';
+    eg_write_all(errfd, buf, n);
+}
+
+__attribute__((noreturn)) static void deny(int errfd, char *const *cmd, const char *ticket,
+                                           const char *reason, int err)
+{
+    char who[128];
+    size_t n = 0;
+    who[0] = '\0';
+    int known = cmd && cmd[0];
+    if (!known) {
+        cat(who, sizeof who, &n, "escalated program (ticket ");
+        char t[65];
+        size_t tl = strnlen(ticket, 64);
+        memcpy(t, ticket, tl);
+        t[tl] = '\0';
+        cat(who, sizeof who, &n, t);
+        cat(who, sizeof who, &n, ")");
+    }
+    char detail[128];
+    size_t d = 0;
+    detail[0] = '\0';
+    if (err) {
+        cat(detail, sizeof detail, &d, " (");
+        cat(detail, sizeof detail, &d, eg_strerror(err));
+        cat(detail, sizeof detail, &d, ")");
+    }
+    if (errfd >= 0)
+        eg_deny_line_fd(errfd, known ? cmd : NULL, who, reason, detail);
+    _exit(126);
+}
+
+static int parse_fd(const char *s)
+{
+    long v = 0;
+    if (!*s)
+        return -1;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9' || v > 100000000)
+            return -1;
+        v = v * 10 + (*s - '0');
+    }
+    return (int)v;
+}
+
+/* The descriptors the escalated program must inherit: every open, non-close-on-exec one,
+ * ascending; at most max of them (*dropped: how many more there were). */
+static int collect_fds(int *out, int max, int *dropped)
+{
+    int n = 0;
+    *dropped = 0;
+    int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir >= 0) {
+        char buf[4096];
+        for (;;) {
+            long k = syscall(SYS_getdents64, dir, buf, sizeof buf);
+            if (k <= 0)
+                break;
+            for (long off = 0; off < k;) {
+                struct {
+                    unsigned long long ino;
+                    long long off;
+                    unsigned short reclen;
+                    unsigned char type;
+                    char name[];
+                } *d = (void *)(buf + off);
+                off += d->reclen;
+                int fd = parse_fd(d->name);
+                if (fd < 0 || fd == dir)
+                    continue;
+                int fl = fcntl(fd, F_GETFD);
+                if (fl < 0 || (fl & FD_CLOEXEC))
+                    continue;
+                if (n < MAX_SEEN)
+                    out[n++] = fd;
+            }
+        }
+        close(dir);
+    } else {
+        for (int fd = 0; fd < MAX_SEEN; fd++) {
+            int fl = fcntl(fd, F_GETFD);
+            if (fl >= 0 && !(fl & FD_CLOEXEC))
+                out[n++] = fd;
+        }
+    }
+    for (int i = 1; i < n; i++) /* ascending */
+        for (int j = i; j > 0 && out[j - 1] > out[j]; j--) {
+            int t = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = t;
+        }
+    if (n > max) {
+        *dropped = n - max;
+        n = max;
+    }
+    return n;
+}
+
+/* Close every descriptor but keep1 and keep2 (either may be -1): what an exec would have left
+ * of ours is only the claim. */
+static void close_all_but(int keep1, int keep2)
+{
+    int lo = keep1 < keep2 ? keep1 : keep2, hi = keep1 < keep2 ? keep2 : keep1;
+    unsigned next = 0;
+    int ok = 1;
+    int keep[2] = {lo, hi};
+    for (int i = 0; i < 2 && ok; i++) {
+        if (keep[i] < 0)
+            continue;
+        if ((unsigned)keep[i] > next)
+            ok = syscall(SYS_close_range, next, (unsigned)keep[i] - 1, 0) == 0;
+        next = (unsigned)keep[i] + 1;
+    }
+    if (ok && syscall(SYS_close_range, next, ~0U, 0) == 0)
+        return;
+    /* no close_range (Linux < 5.9): every descriptor /proc lists */
+    int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0)
+        return;
+    int doomed[MAX_SEEN], n = 0;
+    char buf[4096];
+    long k;
+    while ((k = syscall(SYS_getdents64, dir, buf, sizeof buf)) > 0) {
+        for (long off = 0; off < k;) {
+            struct {
+                unsigned long long ino;
+                long long off;
+                unsigned short reclen;
+                unsigned char type;
+                char name[];
+            } *d = (void *)(buf + off);
+            off += d->reclen;
+            int fd = parse_fd(d->name);
+            if (fd >= 0 && fd != dir && fd != keep1 && fd != keep2 && n < MAX_SEEN)
+                doomed[n++] = fd;
+        }
+    }
+    close(dir);
+    for (int i = 0; i < n; i++)
+        close(doomed[i]);
+}
+
+__attribute__((noreturn)) static void die_by_signal(int sig)
+{
+    struct rlimit no_core = {0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+    raise(sig);
+    _exit(128 + sig); /* a signal that does not kill (should not happen) */
+}
+
+static void send_signal(int sock, int sig)
+{
+    char frame[64];
+    struct eg_buf b;
+    eg_buf_init(&b, frame, sizeof frame);
+    eg_put(&b, EG_TAG);
+    eg_put(&b, "signal");
+    eg_put_long(&b, sig);
+    eg_send_frame(sock, &b, NULL, 0); /* a launcher that is gone shows up as EOF */
+}
+
+void eg_claim(const char *ticket, char *const *envp, char *const *cmd, int in_process)
+{
+    int errfd = 2;
+    if (!eg_sess.ok) {
+        eg_deny_line(cmd, "execgate-claim", "no execgate session: ", eg_sess.reason);
+        _exit(126);
+    }
+    if (!eg_sess.claim[0])
+        deny(errfd, cmd, ticket, "the session's claim socket path is too long", 0);
+    int fds[MAX_SEEN];
+    int dropped;
+    int nfds = collect_fds(fds, EG_MAX_FDS, &dropped);
+    if (dropped) {
+        char msg[200];
+        size_t n = 0;
+        msg[0] = '\0';
+        cat(msg, sizeof msg, &n, "execgate: warning: ");
+        cat_num(msg, sizeof msg, &n, dropped);
+        cat(msg, sizeof msg, &n, " inherited descriptors above fd ");
+        cat_num(msg, sizeof msg, &n, fds[nfds - 1]);
+        cat(msg, sizeof msg, &n, " not passed to the escalated program (at most ");
+        cat_num(msg, sizeof msg, &n, EG_MAX_FDS);
+        cat(msg, sizeof msg, &n, ")");
+        say(errfd, msg);
+    }
+
+    /* the frame: EG1 claim TOKEN TICKET NFDS FD… ENVC ENV… */
+    size_t size = EG_HEADER + 64 + EG_TOKEN_LEN + strlen(ticket) + (size_t)nfds * 12 + 24;
+    size_t envc = 0;
+    if (envp)
+        for (; envp[envc]; envc++)
+            size += strlen(envp[envc]) + 1;
+    char small[16384] __attribute__((aligned(16)));
+    void *mem = small;
+    if (size > sizeof small) {
+        mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (mem == MAP_FAILED)
+            deny(errfd, cmd, ticket, "out of memory", 0);
+    }
+    struct eg_buf b;
+    eg_buf_init(&b, mem, size);
+    eg_put(&b, EG_TAG);
+    eg_put(&b, "claim");
+    eg_put(&b, eg_sess.token);
+    eg_put(&b, ticket);
+    eg_put_long(&b, nfds);
+    for (int i = 0; i < nfds; i++)
+        eg_put_long(&b, fds[i]);
+    eg_put_ulong(&b, envc);
+    for (size_t i = 0; i < envc; i++)
+        eg_put(&b, envp[i]);
+
+    /* Signals: forwarded while we wait, delivered only inside ppoll. A program that was
+     * exec'ing gets what an exec gives: no handler of its own runs any more. */
+    sigset_t block, waitmask;
+    sigemptyset(&block);
+    for (int i = 0; i < N_FORWARDED; i++)
+        sigaddset(&block, forwarded[i]);
+    sigprocmask(SIG_BLOCK, &block, &waitmask);
+    for (int i = 0; i < N_FORWARDED; i++)
+        sigdelset(&waitmask, forwarded[i]);
+    if (in_process) {
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        for (int sig = 1; sig <= MAX_SIG; sig++) {
+            struct sigaction old;
+            if (sig == SIGKILL || sig == SIGSTOP || is_forwarded(sig) ||
+                sigaction(sig, NULL, &old) < 0)
+                continue;
+            if (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN)
+                sigaction(sig, &dfl, NULL);
+        }
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_signal;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigfillset(&sa.sa_mask);
+    for (int i = 0; i < N_FORWARDED; i++)
+        sigaction(forwarded[i], &sa, NULL);
+
+    int sock = eg_connect(eg_sess.claim);
+    if (sock < 0)
+        deny(errfd, cmd, ticket, "execgate server unreachable", -sock);
+    int r = eg_send_frame(sock, &b, fds, nfds);
+    if (mem != small)
+        munmap(mem, size);
+    if (r < 0)
+        deny(errfd, cmd, ticket, "cannot send the claim to the execgate server", -r);
+
+    /* The program has its own copies now. Keep only the claim and a private stderr for our
+     * messages, so that a reader of our stdout sees end-of-file when the program (not we)
+     * closes it. */
+    errfd = fcntl(2, F_DUPFD_CLOEXEC, 3);
+    close_all_but(sock, errfd);
+
+    for (;;) {
+        if (any_pending) {
+            any_pending = 0;
+            for (int s = 1; s <= MAX_SIG; s++) {
+                if (!pending[s])
+                    continue;
+                pending[s] = 0;
+                send_signal(sock, s);
+            }
+        }
+        struct pollfd pfd = {.fd = sock, .events = POLLIN};
+        int k = ppoll(&pfd, 1, NULL, &waitmask);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            deny(errfd, cmd, ticket, "waiting for the escalated program failed", errno);
+        }
+        if (k > 0)
+            break;
+    }
+
+    char ans[8192];
+    char *payload;
+    void *map;
+    size_t maplen;
+    ssize_t len = eg_recv_frame_mm(sock, ans, sizeof ans, &payload, &map, &maplen);
+    close(sock);
+    if (len == -ENODATA || len == -ECONNRESET)
+        deny(errfd, cmd, ticket, "the execgate server closed the connection without an exit "
+                                 "status", 0);
+    if (len < 0)
+        deny(errfd, cmd, ticket, "no exit status from the execgate server", (int)-len);
+    struct eg_fields f;
+    eg_fields_init(&f, payload, (size_t)len);
+    const char *tag = eg_next(&f, NULL);
+    const char *kind = eg_next(&f, NULL);
+    if (tag && kind && strcmp(tag, EG_TAG) == 0 && payload[len - 1] == '\0') {
+        if (strcmp(kind, "exit") == 0) {
+            long long code;
+            if (eg_next_long(&f, &code) == 0 && eg_fields_done(&f) && code >= 0 && code <= 255)
+                _exit((int)code);
+        } else if (strcmp(kind, "signal") == 0) {
+            long long sig;
+            if (eg_next_long(&f, &sig) == 0 && eg_fields_done(&f) && sig > 0 && sig <= MAX_SIG)
+                die_by_signal((int)sig);
+        } else if (strcmp(kind, "deny") == 0) {
+            size_t n;
+            const char *msg = eg_next(&f, &n);
+            if (msg && eg_fields_done(&f)) {
+                static const char missing[] = "No such file or directory";
+                int code = memmem(msg, n, missing, sizeof missing - 1) ? 127 : 126;
+                if (errfd >= 0) {
+                    eg_write_all(errfd, msg, n);
+                    eg_write_all(errfd, "\n", 1);
+                }
+                _exit(code);
+            }
+        }
+    }
+    deny(errfd, cmd, ticket, "malformed answer from the execgate server", 0);
+}

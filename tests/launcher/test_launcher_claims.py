@@ -1,0 +1,413 @@
+"""Escalation claims served by execgate-launch itself (docs/protocol.md §4, §7): the server
+authorizes a ticket on the control channel, a claimer connects to the claim socket with its
+descriptors and environment, and the launcher runs the program and answers its end.
+
+The claimers here are plain sockets speaking the protocol (so every edge can be reached); the
+interposer and the wrapper as claimers are covered in tests/native and tests/gate."""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+from egtest_launch import PYTHON, TIMEOUT, run
+
+from execgate.gate import protocol as P
+from execgate.gate.launcher import Launcher
+
+TOKEN = b"ab" * 16
+NO_RULES = P.EnvRules()
+
+
+@contextlib.asynccontextmanager
+async def launcher_with_claims(*, new_session: bool = True) -> AsyncIterator[Launcher]:
+    folder = Path(tempfile.mkdtemp(prefix="egc", dir="/tmp"))  # short: sun_path is 108 bytes
+    launcher = await Launcher.start(None, new_session=new_session, claim_path=folder / "c.sock")
+    try:
+        yield launcher
+    finally:
+        await launcher.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def authorize(
+    launcher: Launcher,
+    ticket: str,
+    argv: Sequence[str],
+    *,
+    cwd: str = "/",
+    env: P.EnvRules = NO_RULES,
+    lifetime: float = 30.0,
+    token: bytes = TOKEN,
+) -> None:
+    path = shutil.which(argv[0]) or argv[0]
+    posted = launcher.authorize(
+        ticket,
+        token=token,
+        display=" ".join(argv),
+        path=os.fsencode(path),
+        argv=[os.fsencode(a) for a in argv],
+        cwd=os.fsencode(cwd),
+        env=env,
+        lifetime=lifetime,
+    )
+    assert posted.done() and posted.exception() is None  # written at once: no await needed
+
+
+class Claimer:
+    """One claim connection, with blocking I/O (the launcher needs nothing from our loop to
+    serve it; the socket timeout only guards against a hang)."""
+
+    def __init__(self, launcher: Launcher) -> None:
+        assert launcher.claim_path is not None
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(TIMEOUT)
+        self.sock.connect(os.fspath(launcher.claim_path))
+
+    def send(self, data: bytes, fds: Sequence[int] = ()) -> None:
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        sent = self.sock.sendmsg([data], rights)
+        if sent < len(data):  # (sendall of nothing would still write: EPIPE if answered)
+            self.sock.sendall(data[sent:])
+
+    def claim(
+        self,
+        ticket: str,
+        fds: Mapping[int, int],
+        env: Sequence[bytes] = (),
+        token: bytes = TOKEN,
+    ) -> None:
+        self.send(claim_frame(ticket, list(fds), env, token), list(fds.values()))
+
+    def signal(self, signum: int) -> None:
+        self.send(P.encode("signal", signum))
+
+    def answer(self) -> tuple[str, str] | None:
+        """(kind, argument) of the launcher's answer; None if it closed without one."""
+        data = b""
+        while len(data) < 4 or len(data) < 4 + P.HEADER.unpack_from(data)[0]:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                assert not data, "closed in the middle of a frame"
+                return None
+            data += chunk
+        kind, arg = P.split_payload(data[4:])
+        return kind.decode(), arg.decode()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def claim_frame(
+    ticket: str, targets: Sequence[int], env: Sequence[bytes], token: bytes = TOKEN
+) -> bytes:
+    claim = P.ClaimRequest(
+        token=token, ticket=ticket.encode(), fd_numbers=tuple(targets), env=tuple(env)
+    )
+    return P.encode_claim(claim)
+
+
+def until_eof(fd: int) -> bytes:
+    data = b""
+    while True:
+        assert select.select([fd], [], [], TIMEOUT)[0], "no end-of-file"
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+def simple_claim(launcher: Launcher, ticket: str, env: Sequence[bytes] = ()) -> Claimer:
+    with open(os.devnull, "r+b") as null:
+        c = Claimer(launcher)
+        c.claim(ticket, {0: null.fileno(), 1: null.fileno(), 2: null.fileno()}, env)
+    return c
+
+
+def scenario(fn: Callable[[Launcher], None], **kw: bool) -> None:
+    async def go() -> None:
+        async with launcher_with_claims(**kw) as launcher:
+            fn(launcher)
+
+    run(go)
+
+
+PROBE = r"""
+import os, sys
+def is_open(fd):
+    try: return os.fstat(fd) is not None
+    except OSError: return False
+fds = [fd for fd in sorted(int(n) for n in os.listdir("/proc/self/fd")) if is_open(fd)]
+print(sys.argv[1:], os.getcwd(), fds, flush=True)
+os.write(5, b"five")
+sys.exit(7)
+"""
+
+
+def test_a_claim_runs_the_authorized_program_on_the_claimed_descriptors(tmp_path: Path) -> None:
+    def go(launcher: Launcher) -> None:
+        authorize(launcher, "t1", [PYTHON, "-S", "-c", PROBE, "a", "", "b c"], cwd=str(tmp_path))
+        r, w = os.pipe()
+        with open(tmp_path / "five", "wb") as five, open(os.devnull, "rb") as null:
+            c = Claimer(launcher)
+            c.claim("t1", {0: null.fileno(), 1: w, 2: w, 5: five.fileno()})
+        os.close(w)
+        assert c.answer() == ("exit", "7")
+        c.close()
+        assert until_eof(r) == f"['a', '', 'b c'] {tmp_path} [0, 1, 2, 5]\n".encode()
+        os.close(r)
+
+    scenario(go)
+    assert (tmp_path / "five").read_bytes() == b"five"
+
+
+def test_the_environment_is_the_claimers_through_the_rules() -> None:
+    rules = P.EnvRules(
+        drop=(b"EXECGATE_TOKEN", b"LD_PRELOAD"),
+        drop_prefixes=(b"LD_",),
+        keep=(b"LD_LIBRARY_PATH=/base",),
+        set=(b"SET=gate", b"GATE=1"),
+    )
+    claimed = [
+        b"A=1", b"NOEQUALS", b"EXECGATE_TOKEN=stolen", b"LD_PRELOAD=/evil.so",
+        b"LD_LIBRARY_PATH=/base", b"LD_AUDIT=/evil.so", b"B=first", b"A=2", b"X=\xff\xfe=",
+        b"LD_LIBRARY_PATH=/other", b"SET=mine", b"=no-name", b"EMPTY=",
+    ]  # fmt: skip
+    expected = [
+        b"A=2", b"LD_LIBRARY_PATH=/base", b"B=first", b"X=\xff\xfe=", b"=no-name", b"EMPTY=",
+        b"SET=gate", b"GATE=1",
+    ]  # fmt: skip
+    assert rules.apply(claimed) == expected  # the server's own copy of the rules
+
+    def go(launcher: Launcher) -> None:
+        dump = "import sys; sys.stdout.buffer.write(open('/proc/self/environ', 'rb').read())"
+        authorize(launcher, "env", [PYTHON, "-S", "-c", dump], env=rules)
+        r, w = os.pipe()
+        with open(os.devnull, "r+b") as null:
+            c = Claimer(launcher)
+            c.claim("env", {0: null.fileno(), 1: w, 2: null.fileno()}, claimed)
+        os.close(w)
+        assert c.answer() == ("exit", "0")
+        environ = until_eof(r)
+        os.close(r)
+        assert environ.split(b"\0")[:-1] == expected
+
+    scenario(go)
+
+
+def test_exit_codes_signal_deaths_and_exec_failures_are_answered() -> None:
+    def go(launcher: Launcher) -> None:
+        authorize(launcher, "code", ["/bin/sh", "-c", "exit 42"])
+        authorize(launcher, "sig", ["/bin/sh", "-c", "kill -TERM $$"])
+        authorize(launcher, "missing", ["/nonexistent/program", "arg"])
+        assert simple_claim(launcher, "code").answer() == ("exit", "42")
+        assert simple_claim(launcher, "sig").answer() == ("signal", str(int(signal.SIGTERM)))
+        assert simple_claim(launcher, "missing").answer() == (
+            "deny",
+            "execgate: cannot run /nonexistent/program arg: "
+            "exec /nonexistent/program: No such file or directory",
+        )
+
+    scenario(go)
+
+
+def test_unknown_expired_reused_and_foreign_tickets_are_denied() -> None:
+    unknown = ("deny", "execgate: escalation ticket unknown or expired")
+
+    def go(launcher: Launcher) -> None:
+        assert simple_claim(launcher, "never-authorized").answer() == unknown
+        authorize(launcher, "expired", ["/bin/true"], lifetime=0)
+        assert simple_claim(launcher, "expired").answer() == unknown
+        authorize(launcher, "once", ["/bin/true"])
+        assert simple_claim(launcher, "once").answer() == ("exit", "0")
+        assert simple_claim(launcher, "once").answer() == unknown  # single use
+        authorize(launcher, "theirs", ["/bin/true"])
+        with open(os.devnull, "r+b") as null:
+            c = Claimer(launcher)
+            c.claim("theirs", {0: null.fileno()}, token=b"cd" * 16)
+        assert c.answer() == ("deny", "execgate: claim not from this session")
+        assert simple_claim(launcher, "theirs").answer() == unknown  # used up by that attempt
+
+    scenario(go)
+
+
+def test_a_half_sent_claim_stalls_nobody() -> None:
+    def go(launcher: Launcher) -> None:
+        authorize(launcher, "slow", ["/bin/sh", "-c", "exit 3"])
+        authorize(launcher, "fast", ["/bin/sh", "-c", "exit 4"])
+        with open(os.devnull, "r+b") as null:
+            slow = Claimer(launcher)
+            frame = claim_frame("slow", [0], [b"A=" + b"x" * 100000])
+            slow.send(frame[:3], [null.fileno()])  # not even a whole header
+            fast = simple_claim(launcher, "fast")
+            assert fast.answer() == ("exit", "4")
+            slow.send(frame[3:5000])
+            again = Claimer(launcher)
+            again.send(b"\xff\xff\xff\x00")  # a frame that claims to be 16 MiB long…
+            authorize(launcher, "fast2", ["/bin/true"])
+            assert simple_claim(launcher, "fast2").answer() == ("exit", "0")  # …stalls no one
+            slow.send(frame[5000:])
+        assert slow.answer() == ("exit", "3")
+
+    scenario(go)
+
+
+def test_malformed_claims_are_closed_without_an_answer() -> None:
+    def go(launcher: Launcher) -> None:
+        authorize(launcher, "t", ["/bin/true"])
+        for garbage in (
+            P.encode("claim", TOKEN, "t", "+1"),  # not a decimal count
+            P.encode("exec", TOKEN),  # not a claim
+            b"\0\0\0\0",  # empty frame
+            b"\x00\x00\x00\x02",  # longer than the largest frame
+        ):
+            c = Claimer(launcher)
+            c.send(garbage)
+            assert c.answer() is None, garbage
+        c = Claimer(launcher)
+        c.send(claim_frame("t", [0, 1], []))  # two numbers, no descriptors attached
+        assert c.answer() == ("deny", "execgate: descriptor count mismatch")
+        authorize(launcher, "u", ["/bin/true"])
+        assert simple_claim(launcher, "u").answer() == ("exit", "0")  # still serving
+
+    scenario(go)
+
+
+SLEEPER = "import os, time; os.write(1, b'%d\\n' % os.getpid()); time.sleep(1000)"
+
+
+def test_a_claimer_that_goes_away_takes_its_program_along() -> None:
+    def go(launcher: Launcher) -> None:
+        authorize(launcher, "t", [PYTHON, "-S", "-c", SLEEPER])
+        r, w = os.pipe()
+        with open(os.devnull, "r+b") as null:
+            c = Claimer(launcher)
+            c.claim("t", {0: null.fileno(), 1: w, 2: null.fileno()})
+        os.close(w)
+        assert select.select([r], [], [], TIMEOUT)[0]
+        pid = int(os.read(r, 100))
+        pidfd = os.pidfd_open(pid)
+        c.close()
+        assert select.select([pidfd], [], [], TIMEOUT)[0], "the program is still running"
+        os.close(pidfd)
+        assert until_eof(r) == b""
+        os.close(r)
+        authorize(launcher, "u", ["/bin/true"])
+        assert simple_claim(launcher, "u").answer() == ("exit", "0")
+
+    scenario(go)
+
+
+HANDLER = (
+    "import signal, sys\n"
+    "def h(s, f):\n    sys.exit(9 if s == signal.SIGUSR1 else 1)\n"
+    "signal.signal(signal.SIGUSR1, h)\n"
+    "print('ready', flush=True)\n"
+    "while True: signal.pause()\n"
+)
+
+
+def test_signals_from_the_claimer_reach_the_program() -> None:
+    def go(launcher: Launcher) -> None:
+        authorize(launcher, "t", [PYTHON, "-S", "-c", HANDLER])
+        r, w = os.pipe()
+        with open(os.devnull, "r+b") as null:
+            c = Claimer(launcher)
+            c.claim("t", {0: null.fileno(), 1: w, 2: null.fileno()})
+        os.close(w)
+        assert select.select([r], [], [], TIMEOUT)[0] and os.read(r, 100) == b"ready\n"
+        c.signal(signal.SIGUSR1)
+        assert c.answer() == ("exit", "9")
+        os.close(r)
+
+    scenario(go)
+
+
+PGRP = "import os; print(os.getpid(), os.getpgrp())"
+
+
+@pytest.mark.parametrize("new_session", [False, True], ids=["same-session", "own-session"])
+def test_the_program_joins_the_claimers_process_group(new_session: bool) -> None:
+    """So the terminal's signals reach it with its claimer. A group in another session (the
+    launcher called setsid) cannot be joined: the program gets a group of its own."""
+
+    def go(launcher: Launcher) -> None:
+        authorize(launcher, "t", [PYTHON, "-S", "-c", PGRP])
+        r, w = os.pipe()
+        with open(os.devnull, "r+b") as null:
+            c = Claimer(launcher)
+            c.claim("t", {0: null.fileno(), 1: w, 2: null.fileno()})
+        os.close(w)
+        assert c.answer() == ("exit", "0")
+        pid, group = map(int, until_eof(r).split())
+        os.close(r)
+        assert group == (pid if new_session else os.getpgrp())
+
+    scenario(go, new_session=new_session)
+
+
+PEER = r"""
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+try:
+    s.sendall(bytes.fromhex(sys.argv[2]))
+    print("answer", repr(s.recv(100)))
+except (BrokenPipeError, ConnectionResetError):  # closed before or after our claim came
+    print("answer", repr(b""))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a claimer as another user")
+def test_claims_from_another_user_are_refused() -> None:
+    def go(launcher: Launcher) -> None:
+        assert launcher.claim_path is not None
+        authorize(launcher, "t", ["/bin/true"])
+        # Make the socket reachable for the other user: only the peer check remains.
+        launcher.claim_path.parent.chmod(0o755)
+        launcher.claim_path.chmod(0o666)
+        frame = claim_frame("t", [], [])
+        theirs = subprocess.run(
+            [PYTHON, "-S", "-c", PEER, str(launcher.claim_path), frame.hex()],
+            user=65534,
+            capture_output=True,
+            timeout=TIMEOUT,
+        )
+        assert theirs.stdout == b"answer b''\n", theirs.stderr  # closed, no answer
+        assert simple_claim(launcher, "t").answer() == ("exit", "0")  # the ticket is intact
+
+    scenario(go)
+
+
+def test_a_claim_waits_for_an_authorization_still_in_the_control_channel() -> None:
+    """The server posts `authorize` and answers its client at once; the claim may be read
+    first. The launcher reads what is pending on the control channel before refusing."""
+
+    async def go() -> None:
+        async with launcher_with_claims() as launcher:
+            # Stop the launcher, queue many authorizations (the last one ours), then a claim
+            # for it, and let the launcher go on: the claim is as early as it can ever be.
+            os.kill(launcher.pid, signal.SIGSTOP)
+            try:
+                for i in range(50):
+                    authorize(launcher, f"filler-{i}", ["/bin/true"])
+                authorize(launcher, "ours", ["/bin/sh", "-c", "exit 5"])
+                with open(os.devnull, "r+b") as null:
+                    c = Claimer(launcher)
+                    c.claim("ours", {0: null.fileno()})
+            finally:
+                os.kill(launcher.pid, signal.SIGCONT)
+            assert await asyncio.to_thread(c.answer) == ("exit", "5")
+
+    run(go)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
-from execgate.gate.program import GatedExec, commands_to_judge
+from execgate.gate.program import GatedExec, commands_to_judge, is_loader
 from execgate.policy import Decision, Evaluation, Policy, RuleMatch
 
 
@@ -72,6 +72,36 @@ def judge(
         ):
             best = Judgement(evaluation.decision, command, evaluation)
     return best
+
+
+class JudgementCache:
+    """Judgements of recent execs, for as long as the policy object stays the same.
+
+    Loops exec the same command over and over; judging it again costs more than the rest of
+    the server's work. Only judgements that depend on nothing but the request and the policy
+    are kept: a script's interpreters and the loader's target are read from the file system,
+    which may change between two execs.
+    """
+
+    LIMIT = 2048
+
+    def __init__(self) -> None:
+        self._policy: Policy | None = None
+        self._entries: dict[tuple[object, ...], Judgement] = {}
+
+    def judge(
+        self, policy: Policy, exec_: GatedExec, aliases: dict[tuple[int, int], tuple[str, ...]]
+    ) -> Judgement:
+        if exec_.interp or is_loader(exec_.realpath or exec_.path):
+            return judge(policy, exec_, aliases)
+        if policy is not self._policy or len(self._entries) >= self.LIMIT:
+            self._entries.clear()
+            self._policy = policy  # the alias table is replaced together with the policy
+        key = (exec_.path, exec_.realpath, exec_.dev, exec_.ino, exec_.cwd, exec_.argv)
+        found = self._entries.get(key)
+        if found is None:
+            found = self._entries[key] = judge(policy, exec_, aliases)
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +195,7 @@ class PolicyEscalation:
         self._can_record_always = can_record_always
         self._on_prompt_deny = on_prompt_deny
         self.approvals = SessionApprovals()
+        self._judgements = JudgementCache()
 
     @staticmethod
     def _allowed(confined: bool) -> Action:
@@ -172,7 +203,7 @@ class PolicyEscalation:
         return Action(Verdict.ESCALATE if confined else Verdict.RUN)
 
     def decide(self, exec_: GatedExec, *, confined: bool) -> Action:
-        judgement = judge(self._policy(), exec_, self._aliases())
+        judgement = self._judgements.judge(self._policy(), exec_, self._aliases())
         if judgement.decision is None:
             return Action(Verdict.RUN)
         if judgement.decision == Decision.FORBIDDEN:

@@ -88,19 +88,28 @@ class GateServer:
         task.add_done_callback(self._tasks.discard)
 
     def _on_readable(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except BlockingIOError:
-                return
-            except OSError as exc:  # EMFILE and friends: the client's connect still failed closed
-                log.error("gate: accept failed: %s", exc)
-                return
-            try:
-                self._serve(conn)
-            except Exception:  # never let one connection take the server down
-                log.exception("gate: request failed")
-                conn.close()
+        # One connection per wake-up: the listener is level-triggered, so the loop comes back
+        # at once for the next, and the common case avoids a failing accept() per request.
+        try:
+            conn, _ = self._listener.accept()
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            # EMFILE and friends: the waiting client is not answered yet (it fails closed if
+            # it gives up). Pause, or the level-triggered listener would spin the loop.
+            log.error("gate: accept failed: %s", exc)
+            self._loop.remove_reader(self._listener.fileno())
+            self._loop.call_later(0.05, self._resume)
+            return
+        try:
+            self._serve(conn)
+        except Exception:  # never let one connection take the server down
+            log.exception("gate: request failed")
+            conn.close()
+
+    def _resume(self) -> None:
+        if self._listener.fileno() >= 0:
+            self._loop.add_reader(self._listener.fileno(), self._on_readable)
 
     def _serve(self, conn: socket.socket) -> None:
         conn.setblocking(False)

@@ -1,0 +1,67 @@
+"""PolicyEscalation: from policy decision to action, judged over every name an exec has."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from execgate.gate.escalation import PolicyEscalation, Verdict
+from execgate.gate.program import GatedExec
+from execgate.policy import load_rules_files
+
+
+def escalation_for(tmp_path: Path, rules: str) -> PolicyEscalation:
+    path = tmp_path / "t.rules"
+    path.write_text(rules)
+    policy = load_rules_files([path])
+    return PolicyEscalation(lambda: policy)
+
+
+def exec_of(path: Path, *args: str, interp: str = "", interp_arg: str = "") -> GatedExec:
+    st = os.stat(path)
+    return GatedExec(
+        path=str(path), realpath=os.path.realpath(path), dev=st.st_dev, ino=st.st_ino,
+        argv=(path.name, *args), cwd=str(path.parent), interp=interp, interp_arg=interp_arg,
+        pid=1, ppid=1, via="execve",
+    )  # fmt: skip
+
+
+def test_decisions_map_to_actions(tmp_path: Path) -> None:
+    escalation = escalation_for(
+        tmp_path,
+        'prefix_rule(["true"], "allow")\n'
+        'prefix_rule(["false"], "forbidden", justification="never")\n'
+        'prefix_rule(["cat"], "prompt")\n',
+    )
+    true, false, cat, ls = (Path(f"/usr/bin/{n}") for n in ("true", "false", "cat", "ls"))
+    assert escalation.decide(exec_of(true), confined=True).verdict == Verdict.ESCALATE
+    assert escalation.decide(exec_of(true), confined=False).verdict == Verdict.RUN
+    denied = escalation.decide(exec_of(false), confined=True)
+    assert denied.verdict == Verdict.DENY and denied.reason.startswith("never (rule ")
+    assert escalation.decide(exec_of(cat), confined=True).verdict == Verdict.ASK
+    assert escalation.decide(exec_of(ls), confined=True).verdict == Verdict.RUN
+
+
+def test_a_changed_interpreter_is_judged_again(tmp_path: Path) -> None:
+    """Judgements are cached, but never those that depend on files that can change."""
+    escalation = escalation_for(tmp_path, 'prefix_rule(["false"], "forbidden")\n')
+    inner = tmp_path / "inner.sh"
+    inner.write_text("#!/usr/bin/true\n")
+    script = tmp_path / "s.sh"
+    script.write_text(f"#!{inner}\n")
+    request = exec_of(script, interp=str(inner))
+    assert escalation.decide(request, confined=False).verdict == Verdict.RUN
+    inner.write_text("#!/usr/bin/false\n")  # the nested interpreter is now forbidden
+    assert escalation.decide(request, confined=False).verdict == Verdict.DENY
+
+
+def test_a_new_policy_is_not_answered_from_the_cache(tmp_path: Path) -> None:
+    rules = tmp_path / "t.rules"
+    rules.write_text('prefix_rule(["true", "x"], "allow")\n')
+    current = [load_rules_files([rules])]
+    escalation = PolicyEscalation(lambda: current[0])
+    request = exec_of(Path("/usr/bin/true"), "x")
+    assert escalation.decide(request, confined=True).verdict == Verdict.ESCALATE
+    rules.write_text('prefix_rule(["true", "x"], "forbidden")\n')
+    current[0] = load_rules_files([rules])
+    assert escalation.decide(request, confined=True).verdict == Verdict.DENY

@@ -158,3 +158,35 @@ def test_fork_and_vfork_children_both_escalate(gate: Gate) -> None:
     )
     result = gate.run(script, options=WS)
     assert result.stdout == b"bash in-process\nrc=3\npython wrapper\nrc=4\n", result.stderr
+
+
+def test_escalated_program_reaches_the_network_the_sandbox_blocks(gate: Gate) -> None:
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.sendall(b"hello over tcp\n")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    client = (
+        "import socket, sys\n"
+        "try:\n"
+        f"    print(socket.create_connection(('127.0.0.1', {port})).recv(100).decode(), end='')\n"
+        "except OSError as e:\n"
+        "    print('refused:', e.strerror)\n"
+    )
+    confined = gate.run(["/usr/bin/python3", "-c", client], options=WS)  # no rule: sandboxed
+    assert confined.stdout.startswith(b"refused:"), confined.stderr
+    gate.write_rules('prefix_rule(["python3"], "allow")\n')
+    escalated = gate.run(["bash", "-c", 'python3 -c "$0"', client], options=WS)
+    assert escalated.stdout == b"hello over tcp\n", escalated.stderr
+    listener.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -78,10 +79,11 @@ BYPASS_ATTEMPTS = {
 }
 
 
+@pytest.mark.parametrize("sandbox", ["off", "workspace-write"])
 @pytest.mark.parametrize("attempt", list(BYPASS_ATTEMPTS), ids=list(BYPASS_ATTEMPTS))
-def test_forbidden_program_never_runs(gate: Gate, attempt: str) -> None:
+def test_forbidden_program_never_runs(gate: Gate, attempt: str, sandbox: str) -> None:
     script = "BIN=" + shlex.quote(str(gate.bin)) + "\n" + BYPASS_ATTEMPTS[attempt]
-    result = gate.run(script, cwd=gate.root)
+    result = gate.run(script, cwd=gate.root, options=["--sandbox", sandbox])
     assert not gate.ran("marker"), result.stderr.decode()
     for name in ("innocent", "alias", "hardlink", "m"):
         assert not gate.ran(name), f"ran as {name}: {result.stderr.decode()}"
@@ -174,3 +176,11 @@ def test_on_prompt_deny(gate: Gate) -> None:
     result = gate.run("other; echo rc=$?", options=["--on-prompt", "deny"])
     assert b"rc=126" in result.stdout
     assert b"prompts are set to deny" in result.stderr
+
+
+def test_no_session_files_are_left_behind(gate: Gate, tmp_path: Path) -> None:
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    result = gate.run("other; marker; true", env={"XDG_RUNTIME_DIR": str(runtime)})
+    assert b"execgate: denied: marker" in result.stderr
+    assert list(runtime.iterdir()) == []

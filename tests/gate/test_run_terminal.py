@@ -183,3 +183,21 @@ def test_ctrl_c_leaves_no_process_behind(gate: Gate) -> None:
     code = term.finish()
     assert code in (-2, 130)
     assert gate.leftovers() == []
+
+
+def test_a_pending_prompt_does_not_hold_up_other_execs(prompting: Gate) -> None:
+    """While one exec waits for the human, the rest of the tree keeps getting answers."""
+    go = prompting.root / "go"
+    os.mkfifo(go)
+    script = (
+        f"other push & read start < {go}; "
+        "for i in $(seq 200); do other run >/dev/null; done; echo others-done; wait; echo end"
+    )
+    term = Terminal(_execgate(prompting, "--", "bash", "-c", script), prompting.env, prompting.root)
+    term.expect(rb"Allow\?")  # the question is open...
+    with open(go, "w") as fifo:
+        fifo.write("go\n")
+    term.expect(rb"others-done")  # ...and 200 gated execs (server round trips) got answers
+    term.type(b"o\n")
+    term.expect(rb"end")
+    assert term.finish() == 0

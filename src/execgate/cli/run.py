@@ -12,12 +12,10 @@ from typing import Any
 
 from execgate.config import load_config
 from execgate.errors import ExecgateError
-from execgate.gate.approvals import UserApprovals
 from execgate.gate.askers import DenyingAsker, TerminalAsker
-from execgate.gate.escalation import Asker, PolicyEscalation
-from execgate.gate.livepolicy import LivePolicy
+from execgate.gate.escalation import Asker
+from execgate.gate.livepolicy import GatePolicy, PolicySource
 from execgate.gate.session import AuditLog, EscalationSession, SessionDenied
-from execgate.policy import load_layered_policy, load_rules_files
 from execgate.sandbox import add_sandbox_arguments, sandbox_from_args
 
 
@@ -74,33 +72,20 @@ def run_command(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace, command: list[str]) -> int:
     config = load_config()
     cwd = os.getcwd()
-    search_path = os.environ.get("PATH", os.defpath)
-    if args.rules:
-        live = LivePolicy(load_rules_files(args.rules), search_path=search_path)
-        approvals = UserApprovals.none()
-    else:
-        loaded = load_layered_policy(Path(cwd), config=config)
-        live = LivePolicy(
-            loaded.policy,
-            search_path=search_path,
-            fail_closed_reason=loaded.fail_closed_reason,
-            ask_always=args.audit is not None,
-        )
-        approvals = UserApprovals(loaded)
-    if args.audit is not None:
-        live.ask_always = True
-        live.replace(live.policy, live.fail_closed_reason)
+    load = PolicySource(tuple(args.rules or ()), Path(cwd), config).load()
+    for warning in load.warnings:
+        print(f"execgate: warning: {warning}", file=sys.stderr)
+    gate = GatePolicy(
+        load,
+        search_path=os.environ.get("PATH", os.defpath),
+        ask_always=args.audit is not None,
+        on_prompt_deny=args.on_prompt == "deny",
+    )
     asker: Asker
     if args.on_prompt == "deny":
         asker = DenyingAsker("prompts are set to deny (--on-prompt deny)")
     else:
         asker = TerminalAsker()
-    escalation = PolicyEscalation(
-        lambda: live.policy,
-        aliases=lambda: live.aliases,
-        user_approves=approvals.covers,
-        can_record_always=approvals.can_record,
-    )
     sandbox = sandbox_from_args(args, config.sandbox, cwd=Path(cwd), default_mode="off")
     loop = asyncio.get_running_loop()
     # Like a shell running a foreground job: the terminal's Ctrl-C and Ctrl-\ are for the
@@ -112,9 +97,9 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
         loop.add_signal_handler(signum, ended.set)
     audit = AuditLog(args.audit) if args.audit else None
     session = await EscalationSession.open(
-        live=live,
-        escalation=escalation,
-        asker=approvals.recording(asker),
+        live=gate.live,
+        escalation=gate.escalation,
+        asker=gate.approvals.recording(asker),
         sandbox=sandbox,
         gate_escalated=config.gate_escalated,
         approval_timeout=config.approval_timeout,

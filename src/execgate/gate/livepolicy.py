@@ -9,9 +9,14 @@ snapshot.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
+from execgate.config import Config
+from execgate.gate.approvals import UserApprovals
+from execgate.gate.escalation import PolicyEscalation
 from execgate.gate.snapshot import build_snapshot
-from execgate.policy import Policy
+from execgate.policy import LoadedPolicy, Policy, load_layered_policy, load_rules_files
 
 Listener = Callable[[bytes], None]
 
@@ -48,3 +53,75 @@ class LivePolicy:
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
+
+
+@dataclass(frozen=True)
+class PolicyLoad:
+    """One load of a front end's policy and what follows from it."""
+
+    policy: Policy
+    fail_closed_reason: str | None
+    layered: LoadedPolicy | None  # None for explicit rules files (no layers, no user layer)
+    watch_paths: list[Path]
+    warnings: list[str]
+
+
+@dataclass(frozen=True)
+class PolicySource:
+    """Where a front end's policy comes from: exactly these rules files, or every layer that
+    applies to ``cwd``."""
+
+    rules: tuple[Path, ...]
+    cwd: Path
+    config: Config
+
+    def load(self) -> PolicyLoad:
+        """Load it (``PolicyError`` names file:line:col when a file does not load)."""
+        if self.rules:
+            policy = load_rules_files(list(self.rules))
+            return PolicyLoad(policy, None, None, list(self.rules), [])
+        layered = load_layered_policy(self.cwd, config=self.config)
+        return PolicyLoad(
+            layered.policy,
+            layered.fail_closed_reason,
+            layered,
+            list(layered.watch_paths),
+            list(layered.warnings),
+        )
+
+
+class GatePolicy:
+    """What a front end (``execgate run``, ``execgate mcp``) gates with: the live policy, the
+    user's lasting approvals read against it, and the :class:`PolicyEscalation` built on both.
+    :meth:`apply` swaps in a reload; sessions already open see it at once."""
+
+    def __init__(
+        self,
+        load: PolicyLoad,
+        *,
+        search_path: str,
+        ask_always: bool = False,
+        on_prompt_deny: bool = False,
+    ) -> None:
+        self.live = LivePolicy(
+            load.policy,
+            search_path=search_path,
+            fail_closed_reason=load.fail_closed_reason,
+            ask_always=ask_always,
+        )
+        self.approvals = _approvals(load)
+        self.escalation = PolicyEscalation(
+            lambda: self.live.policy,
+            aliases=lambda: self.live.aliases,
+            user_approves=lambda judgement: self.approvals.covers(judgement),
+            can_record_always=lambda judgement: self.approvals.can_record(judgement),
+            on_prompt_deny=on_prompt_deny,
+        )
+
+    def apply(self, load: PolicyLoad) -> None:
+        self.live.replace(load.policy, load.fail_closed_reason)
+        self.approvals = _approvals(load)
+
+
+def _approvals(load: PolicyLoad) -> UserApprovals:
+    return UserApprovals(load.layered) if load.layered is not None else UserApprovals.none()

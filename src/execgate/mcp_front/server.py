@@ -40,9 +40,8 @@ from pydantic import ConfigDict
 from execgate import __version__
 from execgate.config import Config
 from execgate.errors import ExecgateError
-from execgate.gate.approvals import UserApprovals
-from execgate.gate.escalation import Asker, PolicyEscalation
-from execgate.gate.livepolicy import LivePolicy
+from execgate.gate.escalation import Asker
+from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
 from execgate.mcp_front.calls import CallSetup, ProgressPump, ShellCall
 from execgate.mcp_front.control import ControlServer
 from execgate.mcp_front.elicitation import (
@@ -64,7 +63,6 @@ from execgate.mcp_front.tool import (
     tool_definition,
     tool_result,
 )
-from execgate.policy import LoadedPolicy, Policy, load_layered_policy, load_rules_files
 from execgate.sandbox import SandboxSpec, spec_from_codex_policy
 from execgate.sandbox.codex import CodexPolicyError
 
@@ -107,57 +105,30 @@ class McpOptions:
 # -- the policy and what follows from it ---------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Load:
-    policy: Policy
-    fail_closed_reason: str | None
-    layered: LoadedPolicy | None
-
-
 class PolicyState:
-    """The live policy, the lasting approvals that depend on it, and its reloader."""
+    """The gate policy of this server and its reloader."""
 
     def __init__(self, options: McpOptions) -> None:
-        self.options = options
+        self.source = PolicySource(tuple(options.rules or ()), options.cwd, options.config)
         first = self._load()  # PolicyError (one line, file:line:col) stops start-up
-        load = first.value
-        self.live = LivePolicy(
-            load.policy,
+        self.gate = GatePolicy(
+            first.value,
             search_path=os.environ.get("PATH", os.defpath),
-            fail_closed_reason=load.fail_closed_reason,
             ask_always=options.audit is not None,
-        )
-        self.approvals = self._approvals(load)
-        self.escalation = PolicyEscalation(
-            lambda: self.live.policy,
-            aliases=lambda: self.live.aliases,
-            user_approves=lambda judgement: self.approvals.covers(judgement),
-            can_record_always=lambda judgement: self.approvals.can_record(judgement),
             on_prompt_deny=options.on_prompt_deny,
         )
         self.reloader = PolicyReloader(
             self._load, self._apply, first.watch_paths, interval=options.reload_interval
         )
 
-    def _load(self) -> Loaded[_Load]:
-        if self.options.rules:
-            policy = load_rules_files(self.options.rules)
-            return Loaded(_Load(policy, None, None), list(self.options.rules))
-        layered = load_layered_policy(self.options.cwd, config=self.options.config)
-        for warning in layered.warnings:
+    def _load(self) -> Loaded[PolicyLoad]:
+        load = self.source.load()
+        for warning in load.warnings:
             log.warning("%s", warning)
-        return Loaded(
-            _Load(layered.policy, layered.fail_closed_reason, layered), list(layered.watch_paths)
-        )
+        return Loaded(load, load.watch_paths)
 
-    @staticmethod
-    def _approvals(load: _Load) -> UserApprovals:
-        return UserApprovals(load.layered) if load.layered is not None else UserApprovals.none()
-
-    def _apply(self, loaded: Loaded[_Load]) -> None:
-        load = loaded.value
-        self.live.replace(load.policy, load.fail_closed_reason)
-        self.approvals = self._approvals(load)
+    def _apply(self, loaded: Loaded[PolicyLoad]) -> None:
+        self.gate.apply(loaded.value)
 
 
 # -- the server ----------------------------------------------------------------------------------
@@ -307,8 +278,8 @@ class McpFrontEnd:
         except ExecgateError as exc:
             return error_result(f"shell: cannot set up the sandbox: {exc}")
         setup = CallSetup(
-            live=self.state.live,
-            escalation=self.state.escalation,
+            live=self.state.gate.live,
+            escalation=self.state.gate.escalation,
             sandbox=sandbox,
             shell=self.options.shell,
             base_env=dict(os.environ),
@@ -322,7 +293,7 @@ class McpFrontEnd:
         asker: Asker = CallAsker(
             self.registry, CallInfo(call.id, args.command, args.workdir), channel, call.audit
         )
-        asker = self.state.approvals.recording(asker)
+        asker = self.state.gate.approvals.recording(asker)
         log.info(
             "tool call %d: %s in %s (timeout %d ms, %s, sandbox %s)",
             call.id,

@@ -40,10 +40,16 @@ class Config:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
+_TOML_NAMES = {dict: "table", list: "array", str: "string", bool: "boolean", int: "integer",
+               float: "number"}  # fmt: skip
+
+
 def _check(path: Path, key: str, value: Any, kind: type | tuple[type, ...]) -> Any:
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise ExecgateError(f"{path}: `{key}` must be a {names}, got {value!r}")
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        names = " or ".join(_TOML_NAMES.get(k, k.__name__) for k in kinds)
+        article = "an" if names[0] in "aeiou" else "a"
+        raise ExecgateError(f"{path}: `{key}` must be {article} {names}, got {value!r}")
     return value
 
 

@@ -13,6 +13,7 @@ files.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -22,10 +23,12 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from execgate import native
 from execgate.errors import ExecgateError
 from execgate.gate import protocol
+from execgate.gate.askers import DenyingAsker
 from execgate.gate.escalation import (
     Action,
     ApprovalRequest,
@@ -149,8 +152,10 @@ class EscalationSession:
         self.approval_timeout = approval_timeout
         self.token = secrets.token_hex(16)
         self.escalated_token = secrets.token_hex(16)
-        self._audit = audit
-        self._on_ask = on_ask
+        # Who answers questions, who is told when one starts/ends, where decisions are logged:
+        # they belong to whoever starts the session and may be replaced until start().
+        self.audit = audit
+        self.on_ask = on_ask
         self._closing = asyncio.Event()
         self._asks = 0
         self.dir = make_session_dir(sandbox.writable_roots if sandbox else ())
@@ -352,8 +357,8 @@ class EscalationSession:
     def _record(self, exec_: GatedExec, action: Action) -> None:
         if action.verdict == Verdict.ESCALATE:
             log.info("escalating %s (pid %d, cwd %s)", exec_.display(), exec_.pid, exec_.cwd)
-        if self._audit:
-            self._audit.record(exec_, action.verdict.value, action.reason)
+        if self.audit:
+            self.audit.record(exec_, action.verdict.value, action.reason)
 
     async def _ask_then_answer(
         self, exec_: GatedExec, request: ExecRequest, approval: ApprovalRequest, confined: bool
@@ -366,8 +371,8 @@ class EscalationSession:
     async def _ask(self, request: ApprovalRequest, *, confined: bool) -> Action:
         """Ask a human; a session that ends or a question nobody answers in time is a denial."""
         self._asks += 1
-        if self._asks == 1 and self._on_ask:
-            self._on_ask(True)
+        if self._asks == 1 and self.on_ask:
+            self.on_ask(True)
         ask = asyncio.ensure_future(self.asker.ask(request))
         closing = asyncio.ensure_future(self._closing.wait())
         try:
@@ -386,8 +391,8 @@ class EscalationSession:
             for task in (ask, closing):
                 task.cancel()
             self._asks -= 1
-            if self._asks == 0 and self._on_ask:
-                self._on_ask(False)
+            if self._asks == 0 and self.on_ask:
+                self.on_ask(False)
         return self.escalation.resolve(request, approval, confined=confined)
 
     # -- escalation ----------------------------------------------------------------------
@@ -439,8 +444,8 @@ class EscalationSession:
             await self._launcher.shutdown(grace)
         if self._server is not None:
             await self._server.aclose()
-        if self._audit:
-            self._audit.close()
+        if self.audit:
+            self.audit.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -478,3 +483,66 @@ def describe_exec(program: str, argv: Sequence[str], *, cwd: str, via: str) -> G
         ppid=os.getppid(),
         via=via,
     )
+
+
+class SessionReserve:
+    """One session opened ahead of need, so the next caller does not wait for a launcher.
+
+    Sessions are interchangeable only when opened with the same arguments (sandbox, base
+    environment, policy); :meth:`take` hands out the spare when it matches and opens the next
+    one in the background. The asker, ``on_ask`` and audit log are the caller's: set them on
+    the session before ``start()``.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[object, ...] | None = None
+        self._spare: asyncio.Task[EscalationSession] | None = None
+        self._discarding: set[asyncio.Task[None]] = set()
+
+    @staticmethod
+    def _key_of(kwargs: dict[str, Any]) -> tuple[object, ...]:
+        env = kwargs.get("base_env")
+        return (
+            id(kwargs["live"]),
+            id(kwargs["escalation"]),
+            kwargs.get("sandbox"),
+            None if env is None else tuple(sorted(env.items())),
+            kwargs.get("gate_escalated", True),
+            kwargs.get("approval_timeout", 300.0),
+            kwargs.get("new_process_session", False),
+        )
+
+    async def take(self, **kwargs: Any) -> EscalationSession:
+        """A session as ``EscalationSession.open(**kwargs)`` would give (asker excepted)."""
+        key = self._key_of(kwargs)
+        spare, self._spare = self._spare, None
+        session: EscalationSession | None = None
+        if spare is not None and self._key == key:
+            with contextlib.suppress(Exception):
+                session = await spare
+        elif spare is not None:  # opened for other arguments: not ours to hand out
+            discard = asyncio.ensure_future(_close_when_open(spare))
+            self._discarding.add(discard)
+            discard.add_done_callback(self._discarding.discard)
+        self._key = key
+        # Replaced by the taker; nothing runs in a session before start(), so nothing asks.
+        placeholder = DenyingAsker("the session was not started")
+        if session is None:
+            session = await EscalationSession.open(asker=placeholder, **kwargs)
+        self._spare = asyncio.ensure_future(EscalationSession.open(asker=placeholder, **kwargs))
+        return session
+
+    async def aclose(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            await _close_when_open(spare)
+        if self._discarding:
+            await asyncio.gather(*self._discarding, return_exceptions=True)
+
+
+async def _close_when_open(opening: asyncio.Task[EscalationSession]) -> None:
+    try:
+        session = await opening
+    except Exception:
+        return
+    await session.aclose()

@@ -19,13 +19,13 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from execgate.errors import ExecgateError
 from execgate.gate.escalation import Asker, EscalationPolicy
 from execgate.gate.livepolicy import LivePolicy
-from execgate.gate.session import AuditLog, EscalationSession, SessionDenied
+from execgate.gate.session import AuditLog, EscalationSession, SessionDenied, SessionReserve
 from execgate.mcp_front.elicitation import InputRequests
 from execgate.mcp_front.tool import (
     TIMEOUT_EXIT_CODE,
@@ -110,6 +110,7 @@ class CallSetup:
     gate_escalated: bool
     approval_timeout: float  # the session's own backstop; questions time out in the registry
     audit_path: Path | None = None
+    reserve: SessionReserve = field(default_factory=SessionReserve)
 
 
 OutputListener = Callable[[bytes], None]
@@ -189,18 +190,16 @@ class ShellCall:
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         reader = _PipeReader(read_fd, self._output)
         try:
-            session = await EscalationSession.open(
+            session = await self.setup.reserve.take(
                 live=self.setup.live,
                 escalation=self.setup.escalation,
-                asker=asker,
                 sandbox=self.setup.sandbox,
                 base_env=self.setup.base_env,
                 gate_escalated=self.setup.gate_escalated,
                 approval_timeout=self.setup.approval_timeout,
-                audit=self.audit,
-                on_ask=self._on_ask,
                 new_process_session=True,
             )
+            session.asker, session.on_ask, session.audit = asker, self._on_ask, self.audit
             env = {**self.setup.base_env, "PWD": self.args.workdir}
             starting = asyncio.ensure_future(
                 session.start(

@@ -42,6 +42,7 @@ from execgate.config import Config
 from execgate.errors import ExecgateError
 from execgate.gate.escalation import Asker
 from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
+from execgate.gate.session import SessionReserve
 from execgate.mcp_front.calls import CallSetup, ProgressPump, ShellCall
 from execgate.mcp_front.control import ControlServer
 from execgate.mcp_front.elicitation import (
@@ -181,6 +182,8 @@ class McpFrontEnd:
             on_call_tool=self._call_tool,
         )
         self.server.add_request_handler(SANDBOX_STATE_METHOD, _RawParams, self._sandbox_state)
+        # Each call opens a session; one is kept open ahead of the next call.
+        self.sessions = SessionReserve()
 
     def _info(self) -> dict[str, Any]:
         return {
@@ -219,6 +222,7 @@ class McpFrontEnd:
             log.info("stopping %d running tool call(s)", len(calls))
         await asyncio.gather(*(call.abort() for call in calls), return_exceptions=True)
         self.calls.clear()
+        await self.sessions.aclose()
         await self.control.aclose()
 
     # -- handlers ---------------------------------------------------------------------------
@@ -287,6 +291,7 @@ class McpFrontEnd:
             # The registry times questions out; the session's own limit is only a backstop.
             approval_timeout=self.options.approval_timeout + 10,
             audit_path=self.options.audit,
+            reserve=self.sessions,
         )
         call = ShellCall(setup, args)
         channel = self._channel(ctx, call)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -190,3 +191,16 @@ def test_escalated_program_reaches_the_network_the_sandbox_blocks(gate: Gate) ->
     escalated = gate.run(["bash", "-c", 'python3 -c "$0"', client], options=WS)
     assert escalated.stdout == b"hello over tcp\n", escalated.stderr
     listener.close()
+
+
+def test_gate_escalated_false_lets_escalated_programs_leave_the_gate(gate: Gate) -> None:
+    """The Codex behaviour, on request: what an escalated program starts is not gated."""
+    (Path(gate.env["EXECGATE_HOME"]) / "config.toml").write_text("gate_escalated = false\n")
+    gate.write_rules(
+        'prefix_rule(["sh"], "allow")\n'
+        'prefix_rule(["marker"], "forbidden", justification="marker must not run")\n'
+    )
+    result = gate.run("sh -c 'marker; echo inner=$?; echo preload=$LD_PRELOAD'", options=WS)
+    assert b"inner=0" in result.stdout
+    assert b"preload=\n" in result.stdout
+    assert gate.ran()

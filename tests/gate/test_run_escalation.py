@@ -204,3 +204,14 @@ def test_gate_escalated_false_lets_escalated_programs_leave_the_gate(gate: Gate)
     assert b"inner=0" in result.stdout
     assert b"preload=\n" in result.stdout
     assert gate.ran()
+
+
+def test_each_escalation_is_logged(gate: Gate) -> None:
+    gate.write_rules('prefix_rule(["sh"], "allow")\n')
+    gate.run("sh -c true; sh -c 'exit 0' x", options=WS)
+    log = (Path(gate.env["EXECGATE_HOME"]) / "log" / "escalations.log").read_text()
+    lines = log.splitlines()
+    assert len(lines) == 2
+    sh = os.path.realpath("/usr/bin/sh")
+    assert f"escalated sh -c true (program {sh}," in lines[0]
+    assert "sandbox workspace-write" in lines[0]

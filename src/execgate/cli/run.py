@@ -15,7 +15,7 @@ from execgate.errors import ExecgateError
 from execgate.gate.askers import DenyingAsker, TerminalAsker
 from execgate.gate.escalation import Asker
 from execgate.gate.livepolicy import GatePolicy, PolicySource
-from execgate.gate.session import AuditLog, EscalationSession, SessionDenied
+from execgate.gate.session import AuditLog, EscalationSession, SessionDenied, log_escalations
 from execgate.sandbox import add_sandbox_arguments, sandbox_from_args
 
 
@@ -96,6 +96,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(signum, ended.set)
     audit = AuditLog(args.audit) if args.audit else None
+    log_escalations()
     session = await EscalationSession.open(
         live=gate.live,
         escalation=gate.escalation,

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from execgate import native
+from execgate import native, paths
 from execgate.errors import ExecgateError
 from execgate.gate import protocol
 from execgate.gate.askers import DenyingAsker
@@ -46,6 +46,9 @@ from execgate.gate.snapshot import write_atomically
 from execgate.sandbox import SandboxSpec
 
 log = logging.getLogger("execgate.session")
+# Every escalation (a program let out of the sandbox), for the record: front ends send it to
+# $EXECGATE_HOME/log/escalations.log (see log_escalations()).
+escalations = logging.getLogger("execgate.escalations")
 
 GATE_VARIABLES = (
     "EXECGATE_SOCKET",
@@ -86,6 +89,24 @@ class AuditLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+def log_escalations(path: Path | None = None) -> Path | None:
+    """Append every escalation to ``path`` (default ``$EXECGATE_HOME/log/escalations.log``).
+    Returns the file, or None when it cannot be written (the gate works regardless)."""
+    path = path or paths.execgate_home() / "log" / "escalations.log"
+    if any(getattr(h, "baseFilename", None) == str(path) for h in escalations.handlers):
+        return path
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError as exc:
+        log.warning("cannot log escalations to %s: %s", path, exc.strerror)
+        return None
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    escalations.addHandler(handler)
+    escalations.setLevel(logging.INFO)
+    return path
 
 
 def _session_dir_candidates() -> list[Path]:
@@ -356,7 +377,14 @@ class EscalationSession:
 
     def _record(self, exec_: GatedExec, action: Action) -> None:
         if action.verdict == Verdict.ESCALATE:
-            log.info("escalating %s (pid %d, cwd %s)", exec_.display(), exec_.pid, exec_.cwd)
+            escalations.info(
+                "escalated %s (program %s, pid %d, cwd %s, sandbox %s)",
+                exec_.display(),
+                exec_.realpath or exec_.path,
+                exec_.pid,
+                exec_.cwd,
+                self.sandbox.describe() if self.sandbox else "off",
+            )
         if self.audit:
             self.audit.record(exec_, action.verdict.value, action.reason)
 

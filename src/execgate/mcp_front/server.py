@@ -42,7 +42,7 @@ from execgate.config import Config
 from execgate.errors import ExecgateError
 from execgate.gate.escalation import Asker
 from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
-from execgate.gate.session import SessionReserve
+from execgate.gate.session import SessionReserve, log_escalations
 from execgate.mcp_front.calls import CallSetup, ProgressPump, ShellCall
 from execgate.mcp_front.control import ControlServer
 from execgate.mcp_front.elicitation import (
@@ -466,6 +466,7 @@ async def serve(options: McpOptions) -> None:
     """Load the policy, then serve MCP on stdin/stdout until the client goes away (or a
     SIGTERM, SIGHUP or SIGINT), stopping every call before returning."""
     state = PolicyState(options)
+    log_escalations()
     front = McpFrontEnd(options, state)
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()

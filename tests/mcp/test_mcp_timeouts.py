@@ -43,7 +43,7 @@ def test_timeout_kills_everything_and_keeps_the_output(mcp: Mcp) -> None:
             assert mcp.leftovers() == []
 
     asyncio.run(scenario())
-    assert f"escalating {mcp.sleeper} 1000" in mcp.log()
+    assert f"escalated {mcp.sleeper} 1000" in mcp.log()
 
 
 def test_background_processes_end_with_the_call(mcp: Mcp) -> None:

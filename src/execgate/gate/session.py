@@ -114,7 +114,7 @@ def _session_dir_candidates() -> list[Path]:
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime:
         candidates.append(Path(runtime))
-    candidates += [Path("/dev/shm"), Path.home() / ".execgate" / "run", Path("/tmp")]
+    candidates += [Path("/dev/shm"), paths.execgate_home() / "run", Path("/tmp")]
     return candidates
 
 
@@ -143,7 +143,7 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
         shutil.rmtree(path, ignore_errors=True)
     raise ExecgateError(
         "found no folder for the session socket (tried $XDG_RUNTIME_DIR, /dev/shm, "
-        "~/.execgate/run, /tmp)"
+        "$EXECGATE_HOME/run, /tmp)"
     )
 
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from execgate.cli.options import add_gate_arguments
 from execgate.config import load_config
 from execgate.errors import ExecgateError
 from execgate.sandbox import SandboxSpec, add_sandbox_arguments, require_support, sandbox_from_args
@@ -28,14 +29,6 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument(
-        "--rules",
-        "-r",
-        action="append",
-        type=Path,
-        metavar="FILE",
-        help="use exactly these rules files instead of the layered policy (repeatable)",
-    )
-    parser.add_argument(
         "--shell",
         metavar="PATH",
         help="the shell that runs commands (default: bash from PATH)",
@@ -47,12 +40,7 @@ def register(subparsers: Any) -> None:
         help="when a call does not say `login`, run `bash -c` instead of `bash -lc` "
         "(skips the profile scripts)",
     )
-    parser.add_argument(
-        "--on-prompt",
-        choices=("ask", "deny"),
-        default="ask",
-        help="what to do when policy says prompt (default: ask the human)",
-    )
+    add_gate_arguments(parser, asks="the human")
     parser.add_argument(
         "--elicitation",
         choices=("auto", "always", "never"),
@@ -66,12 +54,6 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help="deny a prompt nobody answers within this time (default: approval_timeout in "
         "config.toml, else 300)",
-    )
-    parser.add_argument(
-        "--audit",
-        type=Path,
-        metavar="FILE",
-        help="append every exec decision and every human answer to FILE as JSON lines",
     )
     parser.add_argument(
         "--reload-interval",

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from execgate.cli.options import add_gate_arguments
 from execgate.config import load_config
 from execgate.errors import ExecgateError
 from execgate.gate.askers import DenyingAsker, TerminalAsker
@@ -28,26 +29,7 @@ def register(subparsers: Any) -> None:
             "to execute is decided by policy first; prompts appear on the terminal."
         ),
     )
-    parser.add_argument(
-        "--rules",
-        "-r",
-        action="append",
-        type=Path,
-        metavar="FILE",
-        help="use exactly these rules files instead of the layered policy (repeatable)",
-    )
-    parser.add_argument(
-        "--on-prompt",
-        choices=("ask", "deny"),
-        default="ask",
-        help="what to do when policy says prompt (default: ask on the terminal)",
-    )
-    parser.add_argument(
-        "--audit",
-        type=Path,
-        metavar="FILE",
-        help="append every exec decision to FILE as JSON lines (every exec asks the server)",
-    )
+    add_gate_arguments(parser, asks="on the terminal")
     add_sandbox_arguments(parser, default_mode="off")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
     parser.set_defaults(handler=run_command)

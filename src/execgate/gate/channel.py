@@ -23,13 +23,10 @@ class ChannelClosed(Exception):
 
 
 class Channel:
-    def __init__(self, sock: socket.socket, *, buffered: bytes = b"") -> None:
+    def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self.sock = sock
         self._loop = asyncio.get_running_loop()
-        # Bytes already read off the socket by whoever accepted it (no descriptors among them:
-        # the kernel never merges data carrying descriptors into an earlier read).
-        self._buffered = bytearray(buffered)
 
     def close(self) -> None:
         self.sock.close()
@@ -61,7 +58,6 @@ class Channel:
         header = bytearray()
         fds: list[int] = []
         try:
-            header += self._take_buffered(HEADER.size)
             while len(header) < HEADER.size:
                 try:
                     data, ancdata, flags, _ = self.sock.recvmsg(
@@ -85,8 +81,7 @@ class Channel:
                 raise ProtocolError(f"bad frame length {length}")
             buffer = bytearray(length)
             view = memoryview(buffer)
-            got_bytes = len(early := self._take_buffered(length))
-            view[:got_bytes] = early
+            got_bytes = 0
             while got_bytes < length:
                 try:
                     n = self.sock.recv_into(view[got_bytes:])
@@ -104,11 +99,6 @@ class Channel:
         for fd in fds:
             os.set_inheritable(fd, False)
         return fields, fds
-
-    def _take_buffered(self, n: int) -> bytes:
-        taken = bytes(self._buffered[:n])
-        del self._buffered[:n]
-        return taken
 
     async def send(self, frame: bytes, fds: Sequence[int] = ()) -> None:
         """Send one complete frame (from :func:`protocol.encode`), descriptors on its header."""

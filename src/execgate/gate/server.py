@@ -2,14 +2,13 @@
 
 This is the per-exec hot path on the Python side, so it stays off asyncio's stream machinery:
 the listening socket is watched with ``add_reader``; each accepted connection is read once with
-``recvmsg`` (a request is one small frame, already sent by the time we accept) and answered
+``recv`` (a request is one small frame, already sent by the time we accept) and answered
 synchronously when the decision needs no human. Only big requests and questions to a human
 become tasks. Escalation claims do not come here: the launcher serves them (protocol §4).
 """
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import logging
@@ -22,7 +21,6 @@ from typing import Protocol
 
 from execgate.gate.protocol import (
     HEADER,
-    MAX_FDS,
     MAX_PAYLOAD,
     ExecRequest,
     ProtocolError,
@@ -33,7 +31,6 @@ from execgate.gate.protocol import (
 log = logging.getLogger("execgate.gate")
 
 _FIRST_READ = 65536
-_ANCILLARY = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 _PEERCRED = struct.Struct("3i")
 
 Answer = bytes | Awaitable[bytes]
@@ -118,26 +115,20 @@ class GateServer:
             log.warning("gate: refused a connection from uid %d (pid %d)", peer.uid, peer.pid)
             conn.close()
             return
+        # Exec requests carry no descriptors (claims go to the launcher's socket, §4); plain
+        # recv() has the kernel drop any a peer attached.
         try:
-            data, ancdata, flags, _ = conn.recvmsg(_FIRST_READ, _ANCILLARY)
+            data = conn.recv(_FIRST_READ)
         except BlockingIOError:
-            data, ancdata, flags = b"", [], 0
-        fds = _fds_of(ancdata)
-        if flags & socket.MSG_CTRUNC:
-            _close_all(fds)
-            conn.close()
-            return
+            data = b""
         if len(data) >= HEADER.size:
             (length,) = HEADER.unpack_from(data)
             if HEADER.size + length <= len(data) and 0 < length <= MAX_PAYLOAD:
-                frame_end = HEADER.size + length
-                self._dispatch(conn, data[HEADER.size : frame_end], fds, peer)
+                self._dispatch(conn, data[HEADER.size : HEADER.size + length], peer)
                 return
-        self._spawn(self._serve_slowly(conn, data, fds, peer))
+        self._spawn(self._serve_slowly(conn, data, peer))
 
-    async def _serve_slowly(
-        self, conn: socket.socket, data: bytes, fds: list[int], peer: Peer
-    ) -> None:
+    async def _serve_slowly(self, conn: socket.socket, data: bytes, peer: Peer) -> None:
         """A request that did not arrive in one read (big argv, slow client)."""
         buffer = bytearray(data)
         try:
@@ -148,29 +139,20 @@ class GateServer:
                         raise ProtocolError(f"bad frame length {length}")
                     if len(buffer) >= HEADER.size + length:
                         break
-                await _readable(self._loop, conn)
-                try:
-                    chunk, ancdata, flags, _ = conn.recvmsg(1 << 20, _ANCILLARY)
-                except BlockingIOError:
-                    continue
-                fds += _fds_of(ancdata)
-                if flags & socket.MSG_CTRUNC or not chunk:
+                chunk = await self._loop.sock_recv(conn, 1 << 20)
+                if not chunk:
                     raise ProtocolError("connection closed mid-frame")
                 buffer += chunk
         except (OSError, ProtocolError):
-            _close_all(fds)
             conn.close()
             return
-        self._dispatch(conn, bytes(buffer[HEADER.size : HEADER.size + length]), fds, peer)
+        self._dispatch(conn, bytes(buffer[HEADER.size : HEADER.size + length]), peer)
 
-    def _dispatch(self, conn: socket.socket, payload: bytes, fds: list[int], peer: Peer) -> None:
+    def _dispatch(self, conn: socket.socket, payload: bytes, peer: Peer) -> None:
         try:
             fields = split_payload(payload)
-            kind = fields[0]
-            if kind != b"exec":  # claims go to the launcher's claim socket (§4)
-                raise ProtocolError(f"unknown message {kind[:20]!r}")
-            if fds:
-                raise ProtocolError("unexpected descriptors with an exec request")
+            if fields[0] != b"exec":  # claims go to the launcher's claim socket (§4)
+                raise ProtocolError(f"unknown message {fields[0][:20]!r}")
             answer = self._handler.answer_exec(parse_exec_request(fields), peer)
             if isinstance(answer, bytes):
                 _send_and_close(conn, answer)
@@ -178,7 +160,6 @@ class GateServer:
                 self._spawn(self._answer_later(conn, answer))
         except ProtocolError as exc:
             log.warning("gate: malformed request from pid %d: %s", peer.pid, exc)
-            _close_all(fds)
             conn.close()
 
     async def _answer_later(self, conn: socket.socket, answer: Awaitable[bytes]) -> None:
@@ -195,29 +176,3 @@ def _send_and_close(conn: socket.socket, frame: bytes) -> None:
     with contextlib.suppress(OSError):
         conn.send(frame)  # small, into an empty socket buffer: never blocks
     conn.close()
-
-
-def _fds_of(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
-    fds: list[int] = []
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            got = array.array("i")
-            got.frombytes(payload[: len(payload) - len(payload) % got.itemsize])
-            fds.extend(got)
-    for fd in fds:
-        os.set_inheritable(fd, False)
-    return fds
-
-
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        os.close(fd)
-
-
-async def _readable(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
-    waiter = loop.create_future()
-    loop.add_reader(conn.fileno(), waiter.set_result, None)
-    try:
-        await waiter
-    finally:
-        loop.remove_reader(conn.fileno())

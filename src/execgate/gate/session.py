@@ -295,9 +295,6 @@ class EscalationSession:
             )
         return self._env_rules
 
-    def _escalated_environment(self, raw_env: Sequence[bytes]) -> list[bytes]:
-        return self.escalated_env_rules().apply(raw_env)
-
     # -- policy updates ------------------------------------------------------------------
 
     def publish_snapshot(self, snapshot: bytes) -> None:
@@ -333,7 +330,7 @@ class EscalationSession:
         return await self.launcher.spawn(
             path=os.fsencode(program),
             argv=[os.fsencode(a) for a in argv],
-            env=self._escalated_environment(self.environment(env))
+            env=self.escalated_env_rules().apply(self.environment(env))
             if escalate
             else self.environment(env),
             cwd=os.fsencode(cwd),

@@ -130,45 +130,50 @@ static int parse_fd(const char *s)
     return (int)v;
 }
 
+/* The open descriptors /proc lists (not the one used to list them), at most MAX_SEEN into
+ * out; -1 when /proc is unavailable. Uses getdents64 directly: no malloc (vfork-safe). */
+static int list_fds(int *out)
+{
+    int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0)
+        return -1;
+    int n = 0;
+    char buf[4096];
+    long k;
+    while ((k = syscall(SYS_getdents64, dir, buf, sizeof buf)) > 0) {
+        for (long off = 0; off < k;) {
+            struct {
+                unsigned long long ino;
+                long long off;
+                unsigned short reclen;
+                unsigned char type;
+                char name[];
+            } *d = (void *)(buf + off);
+            off += d->reclen;
+            int fd = parse_fd(d->name);
+            if (fd >= 0 && fd != dir && n < MAX_SEEN)
+                out[n++] = fd;
+        }
+    }
+    close(dir);
+    return n;
+}
+
 /* The descriptors the escalated program must inherit: every open, non-close-on-exec one,
  * ascending; at most max of them (*dropped: how many more there were). */
 static int collect_fds(int *out, int max, int *dropped)
 {
-    int n = 0;
     *dropped = 0;
-    int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir >= 0) {
-        char buf[4096];
-        for (;;) {
-            long k = syscall(SYS_getdents64, dir, buf, sizeof buf);
-            if (k <= 0)
-                break;
-            for (long off = 0; off < k;) {
-                struct {
-                    unsigned long long ino;
-                    long long off;
-                    unsigned short reclen;
-                    unsigned char type;
-                    char name[];
-                } *d = (void *)(buf + off);
-                off += d->reclen;
-                int fd = parse_fd(d->name);
-                if (fd < 0 || fd == dir)
-                    continue;
-                int fl = fcntl(fd, F_GETFD);
-                if (fl < 0 || (fl & FD_CLOEXEC))
-                    continue;
-                if (n < MAX_SEEN)
-                    out[n++] = fd;
-            }
-        }
-        close(dir);
-    } else {
-        for (int fd = 0; fd < MAX_SEEN; fd++) {
-            int fl = fcntl(fd, F_GETFD);
-            if (fl >= 0 && !(fl & FD_CLOEXEC))
-                out[n++] = fd;
-        }
+    int listed[MAX_SEEN];
+    int seen = list_fds(listed);
+    if (seen < 0) /* no /proc: probe the low numbers */
+        for (seen = 0; seen < MAX_SEEN; seen++)
+            listed[seen] = seen;
+    int n = 0;
+    for (int i = 0; i < seen; i++) {
+        int fl = fcntl(listed[i], F_GETFD);
+        if (fl >= 0 && !(fl & FD_CLOEXEC))
+            out[n++] = listed[i];
     }
     for (int i = 1; i < n; i++) /* ascending */
         for (int j = i; j > 0 && out[j - 1] > out[j]; j--) {
@@ -201,30 +206,11 @@ static void close_all_but(int keep1, int keep2)
     if (ok && syscall(SYS_close_range, next, ~0U, 0) == 0)
         return;
     /* no close_range (Linux < 5.9): every descriptor /proc lists */
-    int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir < 0)
-        return;
-    int doomed[MAX_SEEN], n = 0;
-    char buf[4096];
-    long k;
-    while ((k = syscall(SYS_getdents64, dir, buf, sizeof buf)) > 0) {
-        for (long off = 0; off < k;) {
-            struct {
-                unsigned long long ino;
-                long long off;
-                unsigned short reclen;
-                unsigned char type;
-                char name[];
-            } *d = (void *)(buf + off);
-            off += d->reclen;
-            int fd = parse_fd(d->name);
-            if (fd >= 0 && fd != dir && fd != keep1 && fd != keep2 && n < MAX_SEEN)
-                doomed[n++] = fd;
-        }
-    }
-    close(dir);
+    int listed[MAX_SEEN];
+    int n = list_fds(listed);
     for (int i = 0; i < n; i++)
-        close(doomed[i]);
+        if (listed[i] != keep1 && listed[i] != keep2)
+            close(listed[i]);
 }
 
 __attribute__((noreturn)) static void die_by_signal(int sig)

@@ -347,16 +347,24 @@ static int preload_token_is_ours(const char *t, size_t n)
     return n >= m && memcmp(t + n - m, me, m) == 0 && (n == m || t[n - m - 1] == '/');
 }
 
-size_t eg_env_size(char *const *envp)
+/* How many entries envp has, and the value of its (last) LD_PRELOAD. */
+static size_t env_scan(char *const *envp, const char **preload)
 {
     size_t count = 0;
-    const char *lp = NULL;
+    *preload = NULL;
     if (envp)
         for (char *const *e = envp; *e; e++) {
             count++;
             if (strncmp(*e, "LD_PRELOAD=", 11) == 0)
-                lp = *e + 11;
+                *preload = *e + 11;
         }
+    return count;
+}
+
+size_t eg_env_size(char *const *envp)
+{
+    const char *lp;
+    size_t count = env_scan(envp, &lp);
     size_t size = (count + N_GATE_NAMES + 2) * sizeof(char *);
     size += sizeof "LD_PRELOAD=" + strlen(eg_sess.preload) + 1 + (lp ? strlen(lp) : 0) + 16;
     return size;
@@ -364,14 +372,8 @@ size_t eg_env_size(char *const *envp)
 
 char **eg_env_build(char *const *envp, void *mem, size_t cap)
 {
-    size_t count = 0;
-    const char *lp = NULL;
-    if (envp)
-        for (char *const *e = envp; *e; e++) {
-            count++;
-            if (strncmp(*e, "LD_PRELOAD=", 11) == 0)
-                lp = *e + 11;
-        }
+    const char *lp;
+    size_t count = env_scan(envp, &lp);
     size_t ptrs = (count + N_GATE_NAMES + 2) * sizeof(char *);
     if (cap < ptrs + 16)
         return NULL;

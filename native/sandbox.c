@@ -449,6 +449,20 @@ static int by_length(const void *a, const void *b)
     return la < lb ? -1 : la > lb;
 }
 
+/* Add the canonical form of path to carve when it exists inside a writable root (outside
+ * them it is read-only anyway). 0, or -ENOMEM. */
+static int carve_if_inside(const char *path, const struct paths *roots, struct paths *carve)
+{
+    char *target = realpath(path, NULL);
+    if (!target)
+        return 0;
+    for (int k = 0; k < roots->n; k++)
+        if (is_under(target, roots->v[k]))
+            return paths_add(carve, target) < 0 ? -ENOMEM : 0;
+    free(target);
+    return 0;
+}
+
 /* The canonical writable roots that exist, and the existing paths inside them that must stay
  * read-only (<root>/<protected name>, --readonly paths). */
 static int collect(const struct sb_config *c, struct paths *roots, struct paths *carve)
@@ -471,34 +485,13 @@ static int collect(const struct sb_config *c, struct paths *roots, struct paths 
                 continue;
             /* A symlinked .git: protect its target if that is writable (the link itself can
              * still be replaced; see docs/sandbox.md). */
-            char *target = realpath(path, NULL);
-            if (!target)
-                continue;
-            int inside = 0;
-            for (int k = 0; k < roots->n && !inside; k++)
-                inside = is_under(target, roots->v[k]);
-            if (!inside) {
-                free(target);
-                continue;
-            }
-            if (paths_add(carve, target) < 0)
+            if (carve_if_inside(path, roots, carve) < 0)
                 return -ENOMEM;
         }
     }
-    for (int i = 0; i < c->readonly.n; i++) {
-        char *target = realpath(c->readonly.v[i], NULL);
-        if (!target)
-            continue;
-        int inside = 0;
-        for (int k = 0; k < roots->n && !inside; k++)
-            inside = is_under(target, roots->v[k]);
-        if (!inside) {
-            free(target);
-            continue;
-        }
-        if (paths_add(carve, target) < 0)
+    for (int i = 0; i < c->readonly.n; i++)
+        if (carve_if_inside(c->readonly.v[i], roots, carve) < 0)
             return -ENOMEM;
-    }
     /* Outer paths first, so an inner carve-out is mounted on top of an outer one. */
     if (carve->n > 1)
         qsort(carve->v, (size_t)carve->n, sizeof *carve->v, by_length);

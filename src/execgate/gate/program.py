@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from execgate.gate.protocol import ExecRequest
+from execgate.policy.codex_text import render_command
 
 # glibc's dynamic loader names (any architecture).
 _LOADER = re.compile(r"^ld(-linux)?([-.][\w.-]*)?\.so(\.\d+)*$|^ld\.so$")
@@ -73,14 +74,8 @@ class GatedExec:
     def display(self, limit: int = 300) -> str:
         """The command as a person would recognise it (for one-line messages)."""
         words = [self.argv[0] if self.argv and self.argv[0] else self.path, *self.argv[1:]]
-        text = _join(words)
+        text = render_command(words)
         return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _join(words: list[str]) -> str:
-    import shlex
-
-    return " ".join(shlex.quote(w) if w else "''" for w in words)
 
 
 def _names(path: str, realpath: str) -> list[str]:

@@ -1,10 +1,35 @@
 """Where execgate keeps its files. Every location can be moved by an environment variable so
-tests (and users with unusual setups) never touch the real ones."""
+tests (and users with unusual setups) never touch the real ones -- except the admin's folders,
+which only root can move: they hold the requirements that bind ordinary users."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
+
+# The identity map of the initial user namespace: root here is the machine's root, not the
+# root of a user namespace any user can create.
+_INITIAL_UID_MAP = ["0", "0", "4294967295"]
+
+
+@functools.cache
+def is_machine_root() -> bool:
+    """Whether we run as root of the initial user namespace."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        with open("/proc/self/uid_map", encoding="ascii") as uid_map:
+            return uid_map.read().split() == _INITIAL_UID_MAP
+    except OSError:
+        return False
+
+
+def _admin_dir(variable: str, default: str) -> Path:
+    """An admin folder: ``default``, or ``$variable`` when root set it (an ordinary user's
+    setting is ignored, so it cannot trade the admin's requirements for its own)."""
+    value = os.environ.get(variable)
+    return Path(value) if value and is_machine_root() else Path(default)
 
 
 def execgate_home() -> Path:
@@ -14,8 +39,8 @@ def execgate_home() -> Path:
 
 
 def system_dir() -> Path:
-    """System (admin) layer: ``$EXECGATE_SYSTEM_DIR``, default ``/etc/execgate``."""
-    return Path(os.environ.get("EXECGATE_SYSTEM_DIR", "/etc/execgate"))
+    """System (admin) layer: ``/etc/execgate`` (root may move it: ``$EXECGATE_SYSTEM_DIR``)."""
+    return _admin_dir("EXECGATE_SYSTEM_DIR", "/etc/execgate")
 
 
 def codex_home() -> Path:
@@ -25,8 +50,8 @@ def codex_home() -> Path:
 
 
 def codex_system_dir() -> Path:
-    """Codex's system folder: ``$EXECGATE_CODEX_SYSTEM_DIR``, default ``/etc/codex``."""
-    return Path(os.environ.get("EXECGATE_CODEX_SYSTEM_DIR", "/etc/codex"))
+    """Codex's system folder: ``/etc/codex`` (root may move it: ``$EXECGATE_CODEX_SYSTEM_DIR``)."""
+    return _admin_dir("EXECGATE_CODEX_SYSTEM_DIR", "/etc/codex")
 
 
 def config_file() -> Path:

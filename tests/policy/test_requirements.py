@@ -14,6 +14,7 @@ import pytest
 
 from execgate.policy import Decision, PolicyError, load_layered_policy
 from execgate.policy.requirements import (
+    Fetched,
     load_requirements,
     parse_requirement_rules,
     read_settings,
@@ -55,6 +56,8 @@ def server() -> Iterator[tuple[str, Served]]:
             data = served.body.encode()
             self.send_response(served.status)
             self.send_header("Content-Length", str(len(data)))
+            # Revalidate every time: these tests count on each load asking the server.
+            self.send_header("Cache-Control", "no-cache")
             self.end_headers()
             self.wfile.write(data)
 
@@ -278,5 +281,5 @@ def test_check_refuses_when_failed_closed(env: Env, server: tuple[str, Served]) 
 
 def test_fetcher_can_be_replaced(env: Env) -> None:
     settings_file(env, "https://example.invalid/r.toml")
-    result = load_requirements(fetch=lambda url, timeout: FORBID_RM)
+    result = load_requirements(fetch=lambda url, timeout, etag: Fetched(FORBID_RM.encode()))
     assert [r.program for r in result.rules] == ["rm", "npm", "pnpm"]

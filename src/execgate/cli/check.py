@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from execgate.errors import ExecgateError
-from execgate.policy import load_layered_policy, load_rules_files
+from execgate.policy import load_chosen_policy, load_layered_policy
 
 
 def register(subparsers: Any) -> None:
@@ -19,8 +19,9 @@ def register(subparsers: Any) -> None:
             "Evaluate a command and print the JSON `codex execpolicy check` prints: every "
             "matching rule in load order and the strictest decision (omitted when nothing "
             "matches). With --rules, exactly those files in that order; without, the layered "
-            "policy for the current directory. Exit status 0 for any evaluation (even "
-            "forbidden), 1 when the rules cannot be loaded, 2 for usage errors."
+            "policy for the current directory; admin requirements apply on top of either. "
+            "Exit status 0 for any evaluation (even forbidden), 1 when the rules cannot be "
+            "loaded, 2 for usage errors."
         ),
     )
     parser.add_argument(
@@ -63,15 +64,13 @@ def command_tokens(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     command = command_tokens(args)
-    if args.rules:
-        policy = load_rules_files(args.rules)
-    else:
-        loaded = load_layered_policy(Path.cwd())
-        for warning in loaded.warnings:
-            print(f"execgate: warning: {warning}", file=sys.stderr)
-        if loaded.fail_closed_reason:
-            raise ExecgateError(loaded.fail_closed_reason)
-        policy = loaded.policy
+    # Admin requirements apply on top of --rules too (without any, the output is Codex's).
+    loaded = load_chosen_policy(args.rules) if args.rules else load_layered_policy(Path.cwd())
+    for warning in loaded.warnings:
+        print(f"execgate: warning: {warning}", file=sys.stderr)
+    if loaded.fail_closed_reason:
+        raise ExecgateError(loaded.fail_closed_reason)
+    policy = loaded.policy
     evaluation = policy.evaluate(command, resolve_host_executables=args.resolve_host_executables)
     print(evaluation.to_check_json(pretty=args.pretty))
     return 0

@@ -13,6 +13,7 @@ from execgate import paths
 from execgate.cli.check import command_tokens
 from execgate.config import load_config
 from execgate.errors import ExecgateError
+from execgate.files import make_private_dir, write_atomically
 from execgate.policy import (
     Evaluation,
     LoadedPolicy,
@@ -283,17 +284,15 @@ def explain_text(evaluation: Evaluation, layers: dict[str, str]) -> str:
 
 def run_explain(args: argparse.Namespace) -> int:
     command = command_tokens(args)
-    layers: dict[str, str] = {}
-    if args.rules:
-        from execgate.policy import load_rules_files
+    if args.rules:  # the admin's requirements still apply on top
+        from execgate.policy import load_chosen_policy
 
-        policy = load_rules_files(args.rules)
-        layers = {str(path): "file" for path in args.rules}
+        loaded = load_chosen_policy(args.rules)
     else:
         loaded = load_layered_policy(Path.cwd())
-        _report_state(loaded)
-        policy = loaded.policy
-        layers = {str(source.path): source.layer for source in loaded.sources}
+    _report_state(loaded)
+    policy = loaded.policy
+    layers = {str(source.path): source.layer for source in loaded.sources}
     evaluation = policy.evaluate(command, resolve_host_executables=args.resolve)
     print(explain_text(evaluation, layers))
     return 0
@@ -306,12 +305,12 @@ def run_init(args: argparse.Namespace) -> int:
     target = paths.user_default_rules_file()
     if target.exists() and not args.force:
         raise ExecgateError(f"{target} already exists (use --force to replace it; it is kept)")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dir(target.parent)
     if target.exists():  # --force: never lose what the user wrote
         backup = target.with_name(f"{target.name}.{time.strftime('%Y%m%d-%H%M%S')}.bak")
         target.rename(backup)
         print(f"kept the previous file as {backup}")
-    target.write_text(default_rules_text(), encoding="utf-8")
+    write_atomically(target, default_rules_text().encode("utf-8"))
     print(f"wrote the default policy to {target}")
     return 0
 

@@ -10,9 +10,11 @@ requirements) are never pre-approved and never offer "always".
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 from execgate import paths
+from execgate.files import make_private_dir, open_private
 from execgate.gate.escalation import Answer, Approval, ApprovalRequest, Asker, Judgement
 from execgate.policy import Decision, LoadedPolicy, RuleMatch, append_allow_rule
 from execgate.policy.layers import default_rules_text
@@ -67,9 +69,11 @@ class UserApprovals:
         """
         path = path or paths.user_default_rules_file()
         if self._defaults_active:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError), path.open("x", encoding="utf-8") as f:
-                f.write(default_rules_text())
+            make_private_dir(path.parent)
+            with contextlib.suppress(FileExistsError):
+                fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(default_rules_text())
         append_allow_rule(path, list(request.prefix))
 
     def recording(self, asker: Asker) -> Asker:

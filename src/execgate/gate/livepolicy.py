@@ -16,7 +16,7 @@ from execgate.config import Config
 from execgate.gate.approvals import UserApprovals
 from execgate.gate.escalation import PolicyEscalation
 from execgate.gate.snapshot import build_snapshot
-from execgate.policy import LoadedPolicy, Policy, load_layered_policy, load_rules_files
+from execgate.policy import LoadedPolicy, Policy, load_chosen_policy, load_layered_policy
 
 Listener = Callable[[bytes], None]
 
@@ -77,9 +77,15 @@ class PolicySource:
 
     def load(self) -> PolicyLoad:
         """Load it (``PolicyError`` names file:line:col when a file does not load)."""
-        if self.rules:
-            policy = load_rules_files(list(self.rules))
-            return PolicyLoad(policy, None, None, list(self.rules), [])
+        if self.rules:  # the admin's requirements still apply on top
+            chosen = load_chosen_policy(self.rules)
+            return PolicyLoad(
+                chosen.policy,
+                chosen.fail_closed_reason,
+                None,
+                list(chosen.watch_paths),
+                list(chosen.warnings),
+            )
         layered = load_layered_policy(self.cwd, config=self.config)
         return PolicyLoad(
             layered.policy,

@@ -27,6 +27,7 @@ from typing import Any
 
 from execgate import native, paths
 from execgate.errors import ExecgateError
+from execgate.files import make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
 from execgate.gate.askers import DenyingAsker
 from execgate.gate.escalation import (
@@ -42,7 +43,6 @@ from execgate.gate.livepolicy import LivePolicy
 from execgate.gate.program import GatedExec, shebang
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import Answer, GateServer, Peer
-from execgate.gate.snapshot import write_atomically
 from execgate.sandbox import SandboxSpec
 
 log = logging.getLogger("execgate.session")
@@ -70,7 +70,8 @@ class AuditLog:
     """Every decision as one JSON line (``--audit FILE``)."""
 
     def __init__(self, path: Path) -> None:
-        self._file = path.open("a", encoding="utf-8", buffering=1)
+        fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
 
     def record(self, exec_: GatedExec, verdict: str, reason: str = "", **extra: object) -> None:
         entry = {
@@ -98,7 +99,8 @@ def log_escalations(path: Path | None = None) -> Path | None:
     if any(getattr(h, "baseFilename", None) == str(path) for h in escalations.handlers):
         return path
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dir(path.parent)
+        os.close(open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT))  # created 0600
         handler = logging.FileHandler(path, encoding="utf-8")
     except OSError as exc:
         log.warning("cannot log escalations to %s: %s", path, exc.strerror)
@@ -134,7 +136,7 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
     candidates = _session_dir_candidates()
     for base in sorted(candidates, key=writable):  # stable: outside-the-sandbox ones first
         try:
-            base.mkdir(parents=True, exist_ok=True)
+            make_private_dir(base)
             path = Path(tempfile.mkdtemp(prefix=f"execgate-{os.getuid()}-", dir=base))
         except OSError:
             continue
@@ -183,7 +185,7 @@ class EscalationSession:
         self.socket_path = self.dir / "gate.sock"
         self.claim_path = self.dir / "claim.sock"  # the launcher's (protocol §4)
         self.snapshot_path = self.dir / "policy.snap"
-        write_atomically(self.snapshot_path, live.snapshot)
+        write_atomically(self.snapshot_path, live.snapshot, mode=0o444)
         self._unsubscribe = live.subscribe(self.publish_snapshot)
         self.interposer = native.native_path(native.INTERPOSER)
         self.wrapper = native.native_path(native.WRAPPER)
@@ -298,7 +300,7 @@ class EscalationSession:
     # -- policy updates ------------------------------------------------------------------
 
     def publish_snapshot(self, snapshot: bytes) -> None:
-        write_atomically(self.snapshot_path, snapshot)
+        write_atomically(self.snapshot_path, snapshot, mode=0o444)
 
     # -- the main program ----------------------------------------------------------------
 
@@ -319,7 +321,10 @@ class EscalationSession:
         """Gate and start the session's own command (as if the session exec'd it)."""
         program = resolve_command(argv[0], cwd=cwd, path=env.get("PATH", os.defpath))
         exec_ = describe_exec(program, argv, cwd=cwd, via="session")
-        action = self.escalation.decide(exec_, confined=self.confined)
+        if self.live.fail_closed_reason:  # nothing runs, not even a shell's builtins
+            action = Action(Verdict.DENY, self.live.fail_closed_reason)
+        else:
+            action = self.escalation.decide(exec_, confined=self.confined)
         if action.verdict == Verdict.ASK:
             assert action.approval is not None
             action = await self._ask(action.approval, confined=self.confined)

@@ -11,10 +11,8 @@ from __future__ import annotations
 import os
 import posixpath
 import struct
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 MAGIC = b"EGSNAP1\0"
 ASK_ALWAYS = 1
@@ -121,16 +119,3 @@ def build_snapshot(
                 snapshot.files.add(file_id)
     snapshot.aliases = {k: tuple(sorted(v)) for k, v in aliases.items()}
     return snapshot
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so a reader sees the old or the new file, never a part."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".snap-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

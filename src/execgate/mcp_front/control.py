@@ -38,6 +38,7 @@ from typing import Any
 
 from execgate import paths
 from execgate.errors import ExecgateError
+from execgate.files import make_private_dir, write_atomically
 from execgate.gate.escalation import Answer
 from execgate.mcp_front.elicitation import ApprovalError, ApprovalRegistry
 
@@ -78,7 +79,7 @@ class ControlServer:
 
     async def start(self) -> None:
         folder = run_dir()
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_dir(folder)
         clean_stale_servers()
         pid = os.getpid()
         path = folder / f"mcp-{pid}.sock"
@@ -99,10 +100,7 @@ class ControlServer:
         self.socket_path = path
         descriptor = _descriptor(pid)
         text = json.dumps({"pid": pid, "socket": str(path), **self._info()})
-        tmp = descriptor.with_suffix(".tmp")
-        tmp.write_text(text + "\n", encoding="utf-8")
-        os.chmod(tmp, 0o600)
-        tmp.replace(descriptor)
+        write_atomically(descriptor, (text + "\n").encode("utf-8"))
         self._descriptor = descriptor
         log.info("approvals control socket: %s", path)
 

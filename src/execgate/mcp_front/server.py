@@ -126,6 +126,8 @@ class PolicyState:
         load = self.source.load()
         for warning in load.warnings:
             log.warning("%s", warning)
+        if load.fail_closed_reason:
+            log.warning("%s", load.fail_closed_reason)
         return Loaded(load, load.watch_paths)
 
     def _apply(self, loaded: Loaded[PolicyLoad]) -> None:

@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from execgate.files import make_private_dir, open_private
 from execgate.policy.model import PolicyError
 
 APPEND_LIMIT = 64 * 1024 * 1024
@@ -42,8 +43,8 @@ def append_allow_rule(path: Path, tokens: Sequence[str]) -> bool:
     """
     line = allow_rule_line(tokens)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        make_private_dir(path.parent)
+        fd = open_private(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
     except OSError as exc:
         raise PolicyError(f"failed to open policy file {path}: {exc.strerror}") from None
     with os.fdopen(fd, "r+b") as handle:

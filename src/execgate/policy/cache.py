@@ -13,8 +13,6 @@ import contextlib
 import gc
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from functools import partial
 from itertools import chain, repeat
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from execgate import __version__, paths
+from execgate.files import make_private_dir, write_atomically
 from execgate.policy.language import ExampleCheck, FileRules
 from execgate.policy.model import Decision, NetworkRule, PrefixRule, SourceLocation
 
@@ -220,16 +219,8 @@ class RulesCache:
         key = cache_key(identifier, text)
         data = json.dumps(_encode(key, rules), ensure_ascii=False, separators=(",", ":"))
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as out:
-                    out.write(data)
-                os.replace(tmp, self._entry(key))
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            make_private_dir(self.directory)
+            write_atomically(self._entry(key), data.encode("utf-8"))
             self._prune()
         except OSError:
             pass

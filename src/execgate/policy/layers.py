@@ -2,11 +2,12 @@
 
 1. built-in default (``default.rules`` in this package), only when no other layer defines a
    ``prefix_rule``;
-2. system: ``$EXECGATE_SYSTEM_DIR/rules`` and Codex's ``/etc/codex/rules``;
+2. system: ``/etc/execgate/rules`` and Codex's ``/etc/codex/rules`` (see ``paths``);
 3. user: ``$EXECGATE_HOME/rules`` and Codex's ``$CODEX_HOME/rules``;
 4. project: ``<dir>/.execgate/rules`` and ``<dir>/.codex/rules`` for the repository root down to
    the working directory, only for trusted directories;
-5. admin requirements (see ``requirements``), applied last.
+5. admin requirements (see ``requirements``), applied last -- also over rules files chosen
+   with ``--rules`` (:func:`load_chosen_policy`).
 
 Codex's folders are skipped when ``import_codex_rules = false``. A folder contributes the regular
 files directly in it whose extension is ``.rules``, sorted by name -- Codex's exact rule, so
@@ -20,7 +21,7 @@ import fcntl
 import json
 import os
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import NamedTuple
 
 from execgate import paths
 from execgate.config import Config, load_config
+from execgate.files import make_private_dir, open_private
 from execgate.policy.cache import RulesCache
 from execgate.policy.evaluate import Policy
 from execgate.policy.language import FileRules, PolicyBuilder
@@ -40,7 +42,7 @@ from execgate.policy.loader import (
 from execgate.policy.model import PolicyError
 from execgate.policy.requirements import Fetcher, fetch_url, load_requirements
 
-LAYERS = ("default", "system", "user", "project", "requirements")
+LAYERS = ("default", "system", "user", "project", "requirements")  # and "file": --rules
 
 
 class RulesSource(NamedTuple):
@@ -159,9 +161,9 @@ def is_trusted(directory: Path, trusted: list[Path] | None = None) -> bool:
 
 def _update_trust(directory: Path, add: bool) -> bool:
     where = trust_file()
-    where.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dir(where.parent)
     target = str(_canonical(directory))
-    fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = open_private(where, os.O_RDWR | os.O_CREAT)
     with os.fdopen(fd, "r+", encoding="utf-8") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         trusted = _read_trusted(handle.read(), where)
@@ -257,6 +259,33 @@ def load_layered_policy(
             default_rules_text(), str(default), cache=cacheable(default, store)
         )
         files.insert(0, (RulesSource("default", default), compiled))
+    watch += [config.path or paths.config_file(), trust_file()]
+    return _under_requirements(files, watch, folders, fetch)
+
+
+def load_chosen_policy(
+    files: Sequence[Path], *, cache: RulesCache | bool | None = True, fetch: Fetcher = fetch_url
+) -> LoadedPolicy:
+    """Exactly these rules files, in this order (``--rules``), then admin requirements: a
+    user's choice of rules replaces the layers, never the admin's requirements.
+
+    Each file is named in locations and errors as it was given (like Codex's CLI).
+    """
+    store = default_cache() if cache is True else (cache or None)
+    compiled = [
+        (RulesSource("file", Path(path)), compile_rules_file(Path(path), str(path), cache=store))
+        for path in files
+    ]
+    return _under_requirements(compiled, [Path(path) for path in files], [], fetch)
+
+
+def _under_requirements(
+    files: list[tuple[RulesSource, FileRules]],
+    watch: list[Path],
+    folders: list[RulesSource],
+    fetch: Fetcher,
+) -> LoadedPolicy:
+    """``files`` in order, with the admin requirements laid over them last."""
     builder = PolicyBuilder()
     for _, file_rules in files:
         builder.add_file(file_rules)
@@ -264,12 +293,10 @@ def load_layered_policy(
     builder.add_rules(requirements.rules)
     sources = [source for source, _ in files]
     sources += [RulesSource("requirements", Path(s)) for s in requirements.sources]
-    watch += requirements.watch_paths
-    watch += [config.path or paths.config_file(), trust_file()]
     return LoadedPolicy(
         policy=builder.build(),
         sources=sources,
-        watch_paths=watch,
+        watch_paths=[*watch, *requirements.watch_paths],
         fail_closed_reason=requirements.fail_closed_reason,
         warnings=requirements.warnings,
         folders=folders,

@@ -16,10 +16,10 @@ Rules use Codex's TOML form (``token`` / ``any_of`` tables) and its validation m
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
-import os
-import tempfile
+import json
 import time
 import tomllib
 import urllib.error
@@ -31,13 +31,29 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from execgate import __version__, paths
+from execgate.files import make_private_dir, write_atomically
 from execgate.policy.model import Decision, PatternToken, PolicyError, PrefixRule, SourceLocation
 
 ON_ERROR_MODES = ("fail-closed", "fail-open")
 DEFAULT_TIMEOUT = 5.0
+# The longest a fetched document is used before the URL is asked again (Cache-Control's
+# max-age can only shorten it).
+DEFAULT_REFRESH_INTERVAL = 300.0
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
-_SETTINGS_KEYS = {"requirements_url", "requirements_timeout", "on_requirements_error", "rules"}
+SIGNATURE_SUFFIX = ".sig"
+_SETTINGS_KEYS = {
+    "requirements_url",
+    "requirements_timeout",
+    "requirements_refresh_interval",
+    "requirements_public_key",
+    "on_requirements_error",
+    "rules",
+}
 _RULE_KEYS = {"pattern", "decision", "justification", "canonical_matching"}
 _DECISIONS = {
     "prompt": Decision.PROMPT,
@@ -45,9 +61,6 @@ _DECISIONS = {
     "prompt-user": Decision.PROMPT,
     "forbidden": Decision.FORBIDDEN,
 }
-
-# (url, timeout seconds) -> document text; replaceable in tests.
-Fetcher = Callable[[str, float], str]
 
 
 def requirements_file() -> Path:
@@ -172,6 +185,8 @@ class RequirementsSettings:
     timeout: float = DEFAULT_TIMEOUT
     on_error: str = "fail-closed"
     rules: tuple[PrefixRule, ...] = ()
+    public_key: Ed25519PublicKey | None = None
+    refresh_interval: float = DEFAULT_REFRESH_INTERVAL
 
 
 def _load_toml(path: Path) -> dict[str, Any] | None:
@@ -186,6 +201,27 @@ def _load_toml(path: Path) -> dict[str, Any] | None:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"invalid TOML: {exc}", path=str(path)) from None
+
+
+def parse_public_key(value: str) -> Ed25519PublicKey:
+    """An Ed25519 public key: PEM (``-----BEGIN PUBLIC KEY-----``) or the base64 of the
+    32 raw bytes. Raises ``ValueError``."""
+    if value.lstrip().startswith("-----BEGIN"):
+        key = serialization.load_pem_public_key(value.strip().encode("ascii"))
+        if not isinstance(key, Ed25519PublicKey):
+            raise ValueError("not an Ed25519 key")
+        return key
+    raw = base64.b64decode(value.strip(), validate=True)
+    if len(raw) != 32:
+        raise ValueError("an Ed25519 key is 32 bytes")
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+def _positive(data: dict[str, Any], key: str, default: float, where: str) -> float:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise PolicyError(f"`{key}` must be a positive number of seconds", path=where)
+    return float(value)
 
 
 def read_settings(path: Path | None = None) -> RequirementsSettings:
@@ -203,26 +239,91 @@ def read_settings(path: Path | None = None) -> RequirementsSettings:
         not isinstance(url, str) or urllib.parse.urlsplit(url).scheme not in ("http", "https")
     ):
         raise PolicyError("`requirements_url` must be an http:// or https:// URL", path=where)
-    timeout = data.get("requirements_timeout", DEFAULT_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise PolicyError("`requirements_timeout` must be a positive number of seconds", path=where)
+    timeout = _positive(data, "requirements_timeout", DEFAULT_TIMEOUT, where)
+    refresh = _positive(data, "requirements_refresh_interval", DEFAULT_REFRESH_INTERVAL, where)
     on_error = data.get("on_requirements_error", "fail-closed")
     if on_error not in ON_ERROR_MODES:
         raise PolicyError(
             '`on_requirements_error` must be "fail-closed" or "fail-open"', path=where
         )
+    public_key = None
+    if "requirements_public_key" in data:
+        raw_key = data["requirements_public_key"]
+        try:
+            if not isinstance(raw_key, str):
+                raise ValueError("not a string")
+            public_key = parse_public_key(raw_key)
+        except (ValueError, UnsupportedAlgorithm) as exc:
+            raise PolicyError(
+                "`requirements_public_key` must be an Ed25519 public key (PEM, or base64 of "
+                f"its 32 bytes): {exc}",
+                path=where,
+            ) from None
+        if on_error == "fail-open":
+            # A key says the URL's rules must hold; fail-open would let an unreachable URL
+            # (which a user can arrange) drop them.
+            raise PolicyError(
+                '`on_requirements_error = "fail-open"` cannot be used with '
+                "`requirements_public_key`: signed requirements always fail closed",
+                path=where,
+            )
     try:
         rules = parse_requirement_rules(data, where)
     except _Invalid as exc:
         raise PolicyError(str(exc), path=where) from None
-    return RequirementsSettings(path, url, float(timeout), on_error, tuple(rules))
+    return RequirementsSettings(path, url, timeout, on_error, tuple(rules), public_key, refresh)
 
 
-def fetch_url(url: str, timeout: float) -> str:
-    """GET ``url``; the timeout bounds connecting and the whole download."""
+# -- fetching ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """One HTTP answer: the body (``None`` for 304 Not Modified) and its caching headers."""
+
+    body: bytes | None
+    etag: str | None = None
+    max_age: float | None = None  # from Cache-Control; 0 for no-cache / no-store
+
+
+# (url, timeout seconds, ETag to revalidate or None) -> the answer; replaceable in tests.
+Fetcher = Callable[[str, float, str | None], Fetched]
+
+
+def _max_age(cache_control: str | None) -> float | None:
+    if not cache_control:
+        return None
+    for directive in cache_control.split(","):
+        name, _, value = directive.strip().partition("=")
+        name = name.strip().lower()
+        if name in ("no-cache", "no-store"):
+            return 0.0
+        if name == "max-age":
+            try:
+                return max(0.0, float(int(value.strip().strip('"'))))
+            except ValueError:
+                return 0.0
+    return None
+
+
+def fetch_url(url: str, timeout: float, etag: str | None = None) -> Fetched:
+    """GET ``url`` (conditionally, with ``If-None-Match`` when ``etag`` is given); the
+    timeout bounds connecting and the whole download."""
     deadline = time.monotonic() + timeout
-    request = urllib.request.Request(url, headers={"User-Agent": f"execgate/{__version__}"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
+    headers = {"User-Agent": f"execgate/{__version__}"}
+    if etag:
+        headers["If-None-Match"] = etag
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 304 and etag:
+            exc.close()
+            return Fetched(
+                None, exc.headers.get("ETag") or etag, _max_age(exc.headers.get("Cache-Control"))
+            )
+        raise
+    with response:
         status = getattr(response, "status", 200)
         if status != 200:
             raise OSError(f"HTTP status {status}")
@@ -235,7 +336,11 @@ def fetch_url(url: str, timeout: float) -> str:
             if time.monotonic() > deadline:
                 raise TimeoutError("timed out")
             chunks.append(chunk)
-    return b"".join(chunks).decode("utf-8")
+        return Fetched(
+            b"".join(chunks),
+            response.headers.get("ETag"),
+            _max_age(response.headers.get("Cache-Control")),
+        )
 
 
 def _describe(exc: BaseException) -> str:
@@ -252,32 +357,108 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _parse_document(text: str, origin: str) -> list[PrefixRule]:
-    data = tomllib.loads(text)
-    unknown = set(data) - {"rules"}
+def _parse_document(data: bytes, origin: str) -> list[PrefixRule]:
+    document = tomllib.loads(data.decode("utf-8"))
+    unknown = set(document) - {"rules"}
     if unknown:
         raise _Invalid(f"unknown key `{sorted(unknown)[0]}`")
-    return parse_requirement_rules(data, origin)
+    return parse_requirement_rules(document, origin)
 
 
-def _cache_path(url: str) -> Path:
-    return requirements_cache_dir() / (hashlib.sha256(url.encode()).hexdigest()[:32] + ".toml")
+class _Unverified(Exception):
+    """The content does not carry a valid signature by the configured key."""
 
 
-def _write_cache(path: Path, text: str) -> None:
+def signature_url(url: str) -> str:
+    """Where the detached signature of the document at ``url`` is served."""
+    return url + SIGNATURE_SUFFIX
+
+
+def _decode_signature(data: bytes) -> bytes:
+    if len(data) == 64:
+        return data
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        raw = base64.b64decode(data.strip(), validate=True)
+    except ValueError:
+        raw = b""
+    if len(raw) != 64:
+        raise _Unverified("the signature is not 64 bytes (raw or base64)")
+    return raw
+
+
+def verify(key: Ed25519PublicKey, document: bytes, signature: bytes | None) -> None:
+    """Raise ``_Unverified`` unless ``signature`` is ``key``'s over exactly ``document``."""
+    if signature is None:
+        raise _Unverified("it is not signed")
+    try:
+        key.verify(_decode_signature(signature), document)
+    except InvalidSignature:
+        raise _Unverified("its signature does not verify") from None
+
+
+# -- the cache -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Copy:
+    """A copy of the URL's document: its bytes, signature and when it was fetched."""
+
+    document: bytes
+    signature: bytes | None
+    etag: str | None
+    fetched: float
+    max_age: float | None
+
+
+class _CachedCopy:
+    """``$EXECGATE_HOME/cache/requirements/<hash of the URL>.{toml,sig,json}``.
+
+    The folder is the user's: anything in it may have been edited. With a public key every
+    read is verified; without one the copy is only as trustworthy as the user's home.
+    """
+
+    def __init__(self, url: str) -> None:
+        stem = hashlib.sha256(url.encode()).hexdigest()[:32]
+        folder = requirements_cache_dir()
+        self.document = folder / f"{stem}.toml"
+        self.signature = folder / f"{stem}.sig"
+        self.meta = folder / f"{stem}.json"
+
+    def read(self) -> _Copy | None:
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except OSError:
-        pass  # a missing cache only matters on a later failure, which reports itself
+            document = self.document.read_bytes()
+        except OSError:
+            return None
+        try:
+            signature: bytes | None = self.signature.read_bytes()
+        except OSError:
+            signature = None
+        etag, fetched, max_age = None, 0.0, None  # no metadata: revalidate now, no ETag
+        try:
+            meta = json.loads(self.meta.read_text(encoding="utf-8"))
+            etag = meta["etag"] if isinstance(meta.get("etag"), str) else None
+            fetched = float(meta["fetched"])
+            max_age = None if meta.get("max_age") is None else float(meta["max_age"])
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+        return _Copy(document, signature, etag, fetched, max_age)
+
+    def write(self, copy: _Copy) -> None:
+        meta = {"etag": copy.etag, "fetched": copy.fetched, "max_age": copy.max_age}
+        try:
+            make_private_dir(self.document.parent)
+            if copy.signature is not None:
+                write_atomically(self.signature, copy.signature)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    self.signature.unlink()
+            write_atomically(self.document, copy.document)
+            write_atomically(self.meta, json.dumps(meta).encode())
+        except OSError:
+            pass  # a missing cache only costs a fetch, or reports itself on a later failure
+
+
+# -- loading -------------------------------------------------------------------------------
 
 
 @dataclass
@@ -289,46 +470,95 @@ class RequirementsResult:
     warnings: list[str] = field(default_factory=list)
     fail_closed_reason: str | None = None
     watch_paths: list[Path] = field(default_factory=list)
+    fetches: int = 0  # requests made to the URL (for tests and diagnostics)
+
+
+def _usable(settings: RequirementsSettings, copy: _Copy, origin: str) -> list[PrefixRule]:
+    """The copy's rules, if it verifies and parses (raises ``_Unverified`` / ``_Invalid`` /
+    ``ValueError``)."""
+    if settings.public_key is not None:
+        verify(settings.public_key, copy.document, copy.signature)
+    return _parse_document(copy.document, origin)
+
+
+def _fresh(settings: RequirementsSettings, copy: _Copy, now: float) -> bool:
+    lifetime = settings.refresh_interval
+    if copy.max_age is not None:
+        lifetime = min(lifetime, copy.max_age)
+    return 0 <= now - copy.fetched < lifetime
 
 
 def _from_url(settings: RequirementsSettings, result: RequirementsResult, fetch: Fetcher) -> None:
     url = settings.url
     assert url is not None
-    cache = _cache_path(url)
+    cache = _CachedCopy(url)
+    now = time.time()
+    cached = cache.read()
+    cached_rules: list[PrefixRule] | None = None
+    cache_problem = "there is no cached copy"
+    if cached is not None:
+        try:
+            cached_rules = _usable(settings, cached, url)
+        except _Unverified as exc:
+            cache_problem = f"the cached copy {cache.document} was refused ({exc})"
+            cached = None
+        except (ValueError, _Invalid, tomllib.TOMLDecodeError):
+            cache_problem = f"the cached copy {cache.document} is not valid"
+            cached = None
+
+    def use(rules: list[PrefixRule]) -> None:
+        result.rules.extend(rules)
+        result.sources.append(str(cache.document))  # the on-disk copy of what the URL served
+
+    if cached is not None and cached_rules is not None and _fresh(settings, cached, now):
+        use(cached_rules)
+        return
     try:
-        text = fetch(url, settings.timeout)
-        rules = _parse_document(text, url)
+        result.fetches += 1
+        answer = fetch(url, settings.timeout, cached.etag if cached else None)
+        if answer.body is None:  # 304: the cached copy is still current
+            if cached is None or cached_rules is None:
+                raise OSError("HTTP status 304 without a cached copy")
+            cache.write(_Copy(cached.document, cached.signature, answer.etag, now, answer.max_age))
+            use(cached_rules)
+            return
+        signature = None
+        if settings.public_key is not None:
+            result.fetches += 1
+            signature = fetch(signature_url(url), settings.timeout, None).body
+        fresh = _Copy(answer.body, signature, answer.etag, now, answer.max_age)
+        rules = _usable(settings, fresh, url)
+    except _Unverified as exc:
+        problem = f"the document was refused: {exc}"
     except (OSError, ValueError, urllib.error.URLError, _Invalid, tomllib.TOMLDecodeError) as exc:
         problem = _describe(exc)
     else:
-        _write_cache(cache, text)
-        result.rules.extend(rules)
-        result.sources.append(str(cache))  # the on-disk copy of what the URL served
+        cache.write(fresh)
+        use(rules)
         return
-    try:
-        cached_text = cache.read_text(encoding="utf-8")
-        rules = _parse_document(cached_text, url)
-        stamp = datetime.fromtimestamp(cache.stat().st_mtime, UTC)
-    except (OSError, ValueError, _Invalid, tomllib.TOMLDecodeError):
-        pass
-    else:
-        result.rules.extend(rules)
-        result.sources.append(str(cache))
+    if cached is not None and cached_rules is not None:
+        use(cached_rules)
+        stamp = datetime.fromtimestamp(cached.fetched, UTC)
         result.warnings.append(
             f"could not fetch requirements from {url} ({problem}); using the copy cached "
             f"{stamp:%Y-%m-%d %H:%M:%S} UTC"
         )
         return
-    if settings.on_error == "fail-open":
+    if settings.public_key is None and settings.on_error == "fail-open":
         result.warnings.append(
-            f"could not fetch requirements from {url} ({problem}) and there is no cached copy; "
+            f"could not fetch requirements from {url} ({problem}) and {cache_problem}; "
             'continuing without them (on_requirements_error = "fail-open")'
         )
-    else:
-        result.fail_closed_reason = (
-            f"admin requirements from {url} could not be fetched ({problem}) and there is no "
-            'cached copy, so every command is denied (on_requirements_error = "fail-closed")'
-        )
+        return
+    mode = (
+        "requirements_public_key is set"
+        if settings.public_key is not None
+        else 'on_requirements_error = "fail-closed"'
+    )
+    result.fail_closed_reason = (
+        f"admin requirements from {url} could not be fetched ({problem}) and {cache_problem}, "
+        f"so every command is denied ({mode})"
+    )
 
 
 def load_requirements(*, fetch: Fetcher = fetch_url) -> RequirementsResult:

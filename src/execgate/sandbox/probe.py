@@ -164,7 +164,7 @@ def trial(spec: SandboxSpec) -> str | None:
         return None
     with tempfile.TemporaryDirectory(prefix="execgate-trial-") as scratch:
         if spec.mode == "workspace-write":
-            os.mkdir(os.path.join(scratch, ".git"))
+            os.mkdir(os.path.join(scratch, ".git"), 0o700)
             root = Path(os.path.realpath(scratch))
             spec = SandboxSpec(
                 mode=spec.mode,

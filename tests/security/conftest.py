@@ -1,0 +1,251 @@
+"""Fixtures for the security tests of admin requirements: a loopback HTTP server that serves a
+requirements document and its signature (with ETag and Cache-Control), Ed25519 keys, isolated
+homes, and a way to run a command as the unprivileged user with a test folder mounted on
+``/etc/execgate`` (a private mount namespace made as root: an ordinary user cannot do it, so it
+does not widen what the user can do; it only lets the test play the admin)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import shlex
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mcp"))  # mcpharness
+
+EXECGATE = [sys.executable, "-m", "execgate"]
+SYSTEM_DIR = Path("/etc/execgate")
+
+FORBID_MARKER = """\
+[rules]
+prefix_rules = [
+  { pattern = [ { token = "marker" } ], decision = "forbidden",
+    justification = "the admin forbids marker" },
+]
+"""
+
+
+@dataclass
+class Served:
+    """What the loopback server serves; tests change it between requests and read the log."""
+
+    document: bytes = FORBID_MARKER.encode()
+    signature: bytes | None = None  # served at URL + ".sig" (404 when None)
+    status: int = 200  # for the document
+    cache_control: str | None = "max-age=3600"
+    etag: str = '"v1"'
+    log: list[tuple[str, int]] = field(default_factory=list)  # (path, status answered)
+
+    def count(self, suffix: str, status: int | None = None) -> int:
+        return sum(
+            1
+            for path, answered in self.log
+            if path.endswith(suffix) and (status is None or answered == status)
+        )
+
+
+@dataclass
+class Server:
+    url: str
+    served: Served
+    httpd: ThreadingHTTPServer
+
+    def stop(self) -> None:
+        """Stop answering: later connections are refused."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    served = Served()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.endswith(".sig"):
+                body, status = served.signature, 200 if served.signature is not None else 404
+                self._answer(status, body or b"", etag=None)
+                return
+            if served.status == 200 and self.headers.get("If-None-Match") == served.etag:
+                self._answer(304, b"", etag=served.etag)
+                return
+            self._answer(served.status, served.document, etag=served.etag)
+
+        def _answer(self, status: int, body: bytes, *, etag: str | None) -> None:
+            served.log.append((self.path, status))
+            self.send_response(status)
+            if etag:
+                self.send_header("ETag", etag)
+            if served.cache_control:
+                self.send_header("Cache-Control", served.cache_control)
+            if status != 304:
+                self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if status != 304:
+                self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    server = Server(f"http://127.0.0.1:{httpd.server_address[1]}/requirements.toml", served, httpd)
+    try:
+        yield server
+    finally:
+        if thread.is_alive():
+            server.stop()
+        thread.join(10)
+
+
+@dataclass
+class Keys:
+    private: Ed25519PrivateKey
+
+    def sign(self, document: bytes) -> bytes:
+        """The detached signature as served: base64 of the 64 bytes."""
+        return base64.b64encode(self.private.sign(document))
+
+    @property
+    def public_base64(self) -> str:
+        raw = self.private.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+        return base64.b64encode(raw).decode()
+
+    @property
+    def public_pem(self) -> str:
+        return (
+            self.private.public_key()
+            .public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+            .decode()
+        )
+
+
+@pytest.fixture
+def keys() -> Keys:
+    return Keys(Ed25519PrivateKey.generate())
+
+
+@dataclass
+class Homes:
+    """Isolated locations for execgate (as root, the environment variables move them)."""
+
+    root: Path
+    home: Path
+    execgate_home: Path
+    system: Path
+    codex_system: Path
+    work: Path
+    bin: Path
+
+    def env(self) -> dict[str, str]:
+        return {
+            "PATH": f"{self.bin}:{os.path.dirname(sys.executable)}:/usr/bin:/bin",
+            "HOME": str(self.home),
+            "EXECGATE_HOME": str(self.execgate_home),
+            "EXECGATE_SYSTEM_DIR": str(self.system),
+            "CODEX_HOME": str(self.home / ".codex"),
+            "EXECGATE_CODEX_SYSTEM_DIR": str(self.codex_system),
+            "LANG": "C.UTF-8",
+            "no_proxy": "*",
+        }
+
+    def requirements(self, text: str) -> Path:
+        path = self.system / "requirements.toml"
+        path.write_text(text, encoding="utf-8")
+        return path
+
+
+def make_marker(folder: Path) -> None:
+    """``marker``: a program that leaves ``marker-ran`` in its working directory."""
+    marker = folder / "marker"
+    marker.write_text('#!/bin/sh\necho "marker ran" > marker-ran\necho "marker ran"\n')
+    marker.chmod(0o755)
+
+
+@pytest.fixture
+def homes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Homes:
+    names = ("home", "execgate_home", "system", "codex_system", "work", "bin")
+    dirs = {name: tmp_path / name for name in names}
+    for directory in dirs.values():
+        directory.mkdir()
+    make_marker(dirs["bin"])
+    homes = Homes(tmp_path, **dirs)
+    for key, value in homes.env().items():
+        if key != "PATH":
+            monkeypatch.setenv(key, value)
+    for proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    monkeypatch.delenv("EXECGATE_NO_CACHE", raising=False)
+    return homes
+
+
+def run_execgate(
+    args: Sequence[str], homes: Homes, *, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*EXECGATE, *args],
+        env=homes.env(),
+        cwd=cwd or homes.work,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def system_mountpoint() -> Iterator[Path]:
+    """``/etc/execgate`` as an (empty) mount point. An empty folder means what a missing one
+    means (no admin rules), so making it for the run changes nothing; it is removed after."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to play the admin")
+    made = not SYSTEM_DIR.exists()
+    if made:
+        SYSTEM_DIR.mkdir(mode=0o755)
+    try:
+        yield SYSTEM_DIR
+    finally:
+        if made:
+            with contextlib.suppress(OSError):
+                SYSTEM_DIR.rmdir()
+
+
+def as_user_under_admin(
+    user: Any,  # tests/conftest.py's UnprivilegedUser
+    system: Path,
+    command: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``command`` as the unprivileged user, with ``system`` mounted on /etc/execgate in a
+    private mount namespace (made as root, then dropped to the user with setpriv)."""
+    inner = shlex.join(user.argv(command))
+    script = (
+        f"mount --bind {shlex.quote(str(system))} {SYSTEM_DIR} && "
+        f"cd {shlex.quote(str(cwd))} && exec {inner}"
+    )
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        env=user.env(env),
+        capture_output=True,
+        timeout=timeout,
+    )

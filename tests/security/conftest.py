@@ -31,8 +31,7 @@ SYSTEM_DIR = Path("/etc/execgate")
 FORBID_MARKER = """\
 [rules]
 prefix_rules = [
-  { pattern = [ { token = "marker" } ], decision = "forbidden",
-    justification = "the admin forbids marker" },
+  { pattern = [{ token = "marker" }], decision = "forbidden", justification = "admin: no marker" },
 ]
 """
 

@@ -165,7 +165,11 @@ def test_unsigned_content_is_refused_when_a_key_is_set(
     server.served.signature = None  # .sig answers 404
     settings(homes, server, key=keys.public_base64)
     reason = marker_decision(homes)[1]
-    assert reason is not None and "could not be fetched (HTTP status 404)" in reason
+    assert reason is not None
+    assert (
+        f"the document was refused: its signature {server.url}.sig could not be fetched "
+        "(HTTP status 404)" in reason
+    )
 
 
 def test_garbage_signature_is_refused(homes: Homes, server: Server, keys: Keys) -> None:

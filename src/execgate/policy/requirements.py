@@ -396,6 +396,16 @@ def verify(key: Ed25519PublicKey, document: bytes, signature: bytes | None) -> N
         raise _Unverified("its signature does not verify") from None
 
 
+def _fetch_signature(url: str, timeout: float, fetch: Fetcher) -> bytes | None:
+    where = signature_url(url)
+    try:
+        return fetch(where, timeout, None).body
+    except (OSError, ValueError, urllib.error.URLError) as exc:
+        raise _Unverified(
+            f"its signature {where} could not be fetched ({_describe(exc)})"
+        ) from None
+
+
 # -- the cache -----------------------------------------------------------------------------
 
 
@@ -525,7 +535,7 @@ def _from_url(settings: RequirementsSettings, result: RequirementsResult, fetch:
         signature = None
         if settings.public_key is not None:
             result.fetches += 1
-            signature = fetch(signature_url(url), settings.timeout, None).body
+            signature = _fetch_signature(url, settings.timeout, fetch)
         fresh = _Copy(answer.body, signature, answer.etag, now, answer.max_age)
         rules = _usable(settings, fresh, url)
     except _Unverified as exc:

@@ -2,13 +2,16 @@
 
 Sources, all optional:
 
-* ``$EXECGATE_SYSTEM_DIR/requirements.toml`` (default ``/etc/execgate``): ``[rules]
-  prefix_rules`` plus the settings ``requirements_url``, ``requirements_timeout`` and
-  ``on_requirements_error``;
-* the document at ``requirements_url`` (same ``[rules]`` table), fetched at start with a timeout
-  and cached in ``$EXECGATE_HOME/cache/requirements/``;
-* Codex's ``/etc/codex/requirements.toml`` (``$EXECGATE_CODEX_SYSTEM_DIR``): only its
-  ``[rules]`` table is read, so an organisation's Codex constraints apply unchanged.
+* ``/etc/execgate/requirements.toml`` (only root may move the folder, see ``paths``):
+  ``[rules] prefix_rules`` plus the settings ``requirements_url``, ``requirements_timeout``,
+  ``requirements_refresh_interval``, ``requirements_public_key`` and ``on_requirements_error``;
+* the document at ``requirements_url`` (same ``[rules]`` table), cached in
+  ``$EXECGATE_HOME/cache/requirements/`` and fetched again only when the copy is older than the
+  refresh interval or the server's ``Cache-Control: max-age`` (revalidated with its ``ETag``).
+  With a public key, the document must carry a detached Ed25519 signature served at
+  ``URL + ".sig"``; the cached copy is in the user's home, so it is verified on every load;
+* Codex's ``/etc/codex/requirements.toml``: only its ``[rules]`` table is read, so an
+  organisation's Codex constraints apply unchanged.
 
 Rules use Codex's TOML form (``token`` / ``any_of`` tables) and its validation messages; an
 ``allow`` decision is refused, because requirements exist to tighten.

@@ -483,7 +483,6 @@ class RequirementsResult:
     warnings: list[str] = field(default_factory=list)
     fail_closed_reason: str | None = None
     watch_paths: list[Path] = field(default_factory=list)
-    fetches: int = 0  # requests made to the URL (for tests and diagnostics)
 
 
 def _usable(settings: RequirementsSettings, copy: _Copy, origin: str) -> list[PrefixRule]:
@@ -499,6 +498,13 @@ def _fresh(settings: RequirementsSettings, copy: _Copy, now: float) -> bool:
     if copy.max_age is not None:
         lifetime = min(lifetime, copy.max_age)
     return 0 <= now - copy.fetched < lifetime
+
+
+def _when(stamp: float) -> str:
+    try:  # the time comes from the user's cache folder: anything is possible
+        return f"{datetime.fromtimestamp(stamp, UTC):%Y-%m-%d %H:%M:%S} UTC"
+    except (OverflowError, ValueError, OSError):
+        return "at an unknown time"
 
 
 def _from_url(settings: RequirementsSettings, result: RequirementsResult, fetch: Fetcher) -> None:
@@ -527,7 +533,6 @@ def _from_url(settings: RequirementsSettings, result: RequirementsResult, fetch:
         use(cached_rules)
         return
     try:
-        result.fetches += 1
         answer = fetch(url, settings.timeout, cached.etag if cached else None)
         if answer.body is None:  # 304: the cached copy is still current
             if cached is None or cached_rules is None:
@@ -537,7 +542,6 @@ def _from_url(settings: RequirementsSettings, result: RequirementsResult, fetch:
             return
         signature = None
         if settings.public_key is not None:
-            result.fetches += 1
             signature = _fetch_signature(url, settings.timeout, fetch)
         fresh = _Copy(answer.body, signature, answer.etag, now, answer.max_age)
         rules = _usable(settings, fresh, url)
@@ -551,10 +555,9 @@ def _from_url(settings: RequirementsSettings, result: RequirementsResult, fetch:
         return
     if cached is not None and cached_rules is not None:
         use(cached_rules)
-        stamp = datetime.fromtimestamp(cached.fetched, UTC)
         result.warnings.append(
             f"could not fetch requirements from {url} ({problem}); using the copy cached "
-            f"{stamp:%Y-%m-%d %H:%M:%S} UTC"
+            f"{_when(cached.fetched)}"
         )
         return
     if settings.public_key is None and settings.on_error == "fail-open":

@@ -201,3 +201,18 @@ def test_cache_metadata_holds_the_etag(homes: Homes, server: Server, keys: Keys)
     marker_decision(homes)
     (meta,) = requirements_cache_dir().glob("*.json")
     assert json.loads(meta.read_text())["etag"] == '"v1"'
+
+
+def test_edited_cache_metadata_neither_crashes_nor_skips_the_check(
+    homes: Homes, server: Server, keys: Keys
+) -> None:
+    signed(server, keys)
+    server.served.cache_control = "no-cache"
+    settings(homes, server, key=keys.public_base64)
+    marker_decision(homes)
+    (meta,) = requirements_cache_dir().glob("*.json")
+    meta.write_text('{"etag": "\\"v1\\"", "fetched": 1e300, "max_age": 1e300}')  # "fresh forever"
+    server.stop()
+    loaded = load_layered_policy(homes.work)  # a time from the future is stale: ask, then warn
+    assert loaded.policy.evaluate(["marker"]).decision is Decision.FORBIDDEN
+    assert "using the copy cached at an unknown time" in loaded.warnings[0]

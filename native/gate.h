@@ -21,6 +21,7 @@
 #define EG_PATH 4096
 #define EG_SUN_PATH 108
 #define EG_TOKEN_LEN 32
+#define EG_MAX_INTERP 4 /* #! levels followed, as the kernel does */
 
 /* The gate environment captured at load time (protocol §1). */
 struct eg_session {
@@ -51,9 +52,11 @@ const char *eg_getenv(char *const *envp, const char *name);
 /* What to execute, handed to the caller's eg_run_fn. */
 enum eg_how {
     EG_HOW_FD,    /* execveat(fd, "", argv, envp, AT_EMPTY_PATH): exactly the checked file */
-    EG_HOW_PATH,  /* execve(path, …): scripts (the interpreter needs the path) */
+    EG_HOW_PATH,  /* execve(path, …) (unused by the gate: everything runs by descriptor) */
     EG_HOW_CLAIM, /* escalation: claim TICKET (argv: the command) in this process (eg_claim)
                    * or exec the wrapper, path = wrapper, argv = [execgate-claim, TICKET] */
+    EG_HOW_GATE,  /* resolve_only calls: start the wrapper in its gate mode on path (the
+                   * absolute path of the file found), argv: the caller's; it decides */
 };
 
 struct eg_plan {
@@ -80,6 +83,9 @@ struct eg_call {
     int atflags;              /* execveat flags: AT_SYMLINK_NOFOLLOW, AT_EMPTY_PATH */
     int search;               /* `p` variant: PATH search when path has no '/' */
     int sh_fallback;          /* ENOEXEC → /bin/sh FILE ARGS… (execvp, execvpe, execlp) */
+    int resolve_only;         /* find and open the program only (errors as usual), then
+                               * hand run() an EG_HOW_GATE plan: posix_spawn cannot execute a
+                               * descriptor, so the wrapper it starts decides and execs */
     const char *search_path;  /* PATH value; NULL = "/bin:/usr/bin" */
     char *const *argv;
     char *const *envp;

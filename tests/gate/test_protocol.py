@@ -27,13 +27,12 @@ def payload_of(frame: bytes) -> list[bytes]:
     argv=st.lists(field_bytes, max_size=8),
     path=field_bytes,
     cwd=field_bytes,
-    dev=st.integers(0, 2**64 - 1),
-    ino=st.integers(0, 2**64 - 1),
+    interpreters=st.lists(st.tuples(field_bytes, field_bytes), max_size=4),
 )
-def test_exec_request_round_trips_with_empty_and_non_utf8_fields(argv, path, cwd, dev, ino):
+def test_exec_request_round_trips_with_empty_and_non_utf8_fields(argv, path, cwd, interpreters):
     request = ExecRequest(
-        token=b"ab" * 16, via="execve", pid=12, ppid=1, cwd=cwd, path=path, realpath=b"",
-        dev=dev, ino=ino, interp=b"", interp_arg=b"", argv=tuple(argv),
+        token=b"ab" * 16, via="execve", pid=12, ppid=1, cwd=cwd, path=path,
+        interpreters=tuple(interpreters), argv=tuple(argv),
     )  # fmt: skip
     frame = protocol.encode_exec_request(request)
     assert protocol.parse_exec_request(payload_of(frame)) == request

@@ -52,16 +52,21 @@ def authorize(
     token: bytes = TOKEN,
 ) -> None:
     path = shutil.which(argv[0]) or argv[0]
-    posted = launcher.authorize(
-        ticket,
-        token=token,
-        display=" ".join(argv),
-        path=os.fsencode(path),
-        argv=[os.fsencode(a) for a in argv],
-        cwd=os.fsencode(cwd),
-        env=env,
-        lifetime=lifetime,
-    )
+    program = os.open(path, os.O_PATH | os.O_CLOEXEC)  # what the launcher executes
+    try:
+        posted = launcher.authorize(
+            ticket,
+            token=token,
+            display=" ".join(argv),
+            path=os.fsencode(path),
+            program=program,
+            argv=[os.fsencode(a) for a in argv],
+            cwd=os.fsencode(cwd),
+            env=env,
+            lifetime=lifetime,
+        )
+    finally:
+        os.close(program)
     assert posted.done() and posted.exception() is None  # written at once: no await needed
 
 
@@ -210,14 +215,15 @@ def test_exit_codes_signal_deaths_and_exec_failures_are_answered() -> None:
     def go(launcher: Launcher) -> None:
         authorize(launcher, "code", ["/bin/sh", "-c", "exit 42"])
         authorize(launcher, "sig", ["/bin/sh", "-c", "kill -TERM $$"])
-        authorize(launcher, "missing", ["/nonexistent/program", "arg"])
+        plain = tempfile.NamedTemporaryFile(prefix="egt-noexec")  # a file without x bits
+        authorize(launcher, "noexec", [plain.name, "arg"])
         assert simple_claim(launcher, "code").answer() == ("exit", "42")
         assert simple_claim(launcher, "sig").answer() == ("signal", str(int(signal.SIGTERM)))
-        assert simple_claim(launcher, "missing").answer() == (
+        assert simple_claim(launcher, "noexec").answer() == (
             "deny",
-            "execgate: cannot run /nonexistent/program arg: "
-            "exec /nonexistent/program: No such file or directory",
+            f"execgate: cannot run {plain.name} arg: exec {plain.name}: Permission denied",
         )
+        plain.close()
 
     scenario(go)
 

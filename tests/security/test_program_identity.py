@@ -1,0 +1,127 @@
+"""A gated process cannot get another file escalated than the one that was judged, nor run a
+#! interpreter policy forbids through a link (issue 8, items 1, 5, 6, 9).
+
+Every attack runs for real inside `execgate run` (sandbox off, workspace-write, with
+--strict-exec), as root and as an unprivileged user."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+MODES = {
+    "off": ["--sandbox", "off"],
+    "workspace-write": ["--sandbox", "workspace-write", "--exclude-tmp", "--exclude-tmpdir"],
+    "strict-exec": [
+        "--sandbox", "workspace-write", "--exclude-tmp", "--exclude-tmpdir", "--strict-exec",
+    ],
+}  # fmt: skip
+
+# Speaks EG1 with the session's own socket and token and forged names and descriptors.
+FORGER = textwrap.dedent(
+    """
+    import os, socket, sys
+    from execgate.gate import protocol as P
+    marker, = sys.argv[1:]
+    def ask(path, fds):
+        req = P.ExecRequest(token=os.environb[b"EXECGATE_TOKEN"], via="execve", pid=os.getpid(),
+            ppid=os.getppid(), cwd=os.getcwdb(), path=path, interpreters=(), argv=(b"ls",))
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(os.environ["EXECGATE_SOCKET"])
+            socket.send_fds(s, [P.encode_exec_request(req)], fds)
+            answer = b""
+            while chunk := s.recv(4096):
+                answer += chunk
+        return P.split_payload(answer[4:])[0].decode() if answer else "closed"
+    with open(marker, "rb") as f:
+        evil = os.open(marker, os.O_PATH)
+        d = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+        print("nofd", ask(b"/usr/bin/ls", []))
+        print("dirfd", ask(b"/usr/bin/ls", [d]))
+        print("otherfile", ask(b"/usr/bin/ls", [evil]))
+        print("twofds", ask(b"/usr/bin/ls", [evil, evil]))
+    """
+)
+
+
+def _setup(base: Path, outside: Path) -> tuple[Path, Path, Path]:
+    ws = base / "ws"
+    ws.mkdir()
+    marker = ws / "marker"
+    marker.write_text(f"#!/bin/sh\ntouch {outside}/escaped 2>/dev/null; echo marker ran\n")
+    marker.chmod(0o755)
+    rules = base / "r.rules"
+    rules.write_text(
+        'prefix_rule(["ls"], "allow")\n'
+        'prefix_rule(["forbidden"], "forbidden", justification="never")\n'
+    )
+    forbidden = base / "bin" / "forbidden"
+    forbidden.parent.mkdir()
+    forbidden.write_text(f"#!/bin/sh\ntouch {outside}/forbidden-ran\n")
+    forbidden.chmod(0o755)
+    return ws, rules, forbidden
+
+
+def _run(user, ws: Path, rules: Path, mode: str, script: str, base: Path):  # type: ignore[no-untyped-def]
+    cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), *MODES[mode],
+           "--", "bash", "-c", script]  # fmt: skip
+    env = {"EXECGATE_HOME": str(base / "home"), "PATH": f"{base / 'bin'}:/usr/bin:/bin"}
+    if user is None:
+        return subprocess.run(cmd, cwd=ws, env={**os.environ, **env}, capture_output=True,
+                              timeout=120)  # fmt: skip
+    return user.run(cmd, cwd=ws, env=env)
+
+
+@pytest.fixture(params=["root", "unprivileged"])
+def place(request, tmp_path):  # type: ignore[no-untyped-def]
+    if request.param == "root":
+        base = tmp_path
+        base.chmod(0o755)
+        return None, base
+    user = request.getfixturevalue("unprivileged")
+    return user, user.make_dir()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_forged_requests_and_look_alike_names_are_never_escalated(place, mode: str) -> None:  # type: ignore[no-untyped-def]
+    user, base = place
+    outside = base / "outside"
+    outside.mkdir()
+    ws, rules, _ = _setup(base, outside)
+    (ws / "forge.py").write_text(FORGER)
+    # a copy, a symlink and a hard link named like the allowed program
+    script = (
+        f"python3 forge.py {ws / 'marker'}; "
+        "cp marker ./ls; ./ls; echo copy=$?; "
+        "mkdir -p l; ln -s ../marker l/ls; ./l/ls; echo link=$?; echo alive"
+    )
+    r = _run(user, ws, rules, mode, script, base)
+    out = r.stdout.decode()
+    assert "alive" in out, (out, r.stderr)
+    assert "nofd deny" in out and "dirfd deny" in out and "twofds deny" in out, out
+    assert "otherfile escalate" not in out, out
+    assert not (outside / "escaped").exists(), out  # nothing left the sandbox
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_interpreters_through_links_are_judged_as_the_program(place, mode: str) -> None:  # type: ignore[no-untyped-def]
+    user, base = place
+    outside = base / "outside"
+    outside.mkdir()
+    ws, rules, forbidden = _setup(base, outside)
+    script = (
+        f"ln -s {forbidden} lnk; ln {forbidden} hard 2>/dev/null || cp {forbidden} hard; "
+        f"printf '#!{ws}/lnk\\n' > a; printf '#!lnk\\n' > b; printf '#!{ws}/a\\n' > c; "
+        "chmod +x a b c; ./a; echo a=$?; ./b; echo b=$?; ./c; echo c=$?; echo alive"
+    )
+    r = _run(user, ws, rules, mode, script, base)
+    out = r.stdout.decode()
+    assert "alive" in out, (out, r.stderr)
+    assert not (outside / "forbidden-ran").exists(), (out, r.stderr)
+    for name in "abc":
+        assert f"{name}=0" not in out, out

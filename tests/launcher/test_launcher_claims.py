@@ -215,15 +215,15 @@ def test_exit_codes_signal_deaths_and_exec_failures_are_answered() -> None:
     def go(launcher: Launcher) -> None:
         authorize(launcher, "code", ["/bin/sh", "-c", "exit 42"])
         authorize(launcher, "sig", ["/bin/sh", "-c", "kill -TERM $$"])
-        plain = tempfile.NamedTemporaryFile(prefix="egt-noexec")  # a file without x bits
-        authorize(launcher, "noexec", [plain.name, "arg"])
+        with tempfile.NamedTemporaryFile(prefix="egt-noexec") as plain:  # no x bits
+            authorize(launcher, "noexec", [plain.name, "arg"])
+            noexec = simple_claim(launcher, "noexec").answer()
         assert simple_claim(launcher, "code").answer() == ("exit", "42")
         assert simple_claim(launcher, "sig").answer() == ("signal", str(int(signal.SIGTERM)))
-        assert simple_claim(launcher, "noexec").answer() == (
+        assert noexec == (
             "deny",
             f"execgate: cannot run {plain.name} arg: exec {plain.name}: Permission denied",
         )
-        plain.close()
 
     scenario(go)
 

@@ -264,9 +264,7 @@ class GateServer:
         with self.lock:
             self.requests.clear()
 
-    def wait_for_request(
-        self, pred: Callable[[Request], bool], timeout: float = 30
-    ) -> Request:
+    def wait_for_request(self, pred: Callable[[Request], bool], timeout: float = 30) -> Request:
         with self.request_seen:
             found: list[Request] = []
 

@@ -11,6 +11,7 @@ escalation happens only when the rule names the file that runs.
 
 from __future__ import annotations
 
+import itertools
 import os
 import posixpath
 import stat
@@ -156,7 +157,7 @@ def inspect_descriptors(
         raise IdentityError("the request's descriptors do not match its interpreters")
     files = [exec_file(fd) for fd in fds]
     interpreters: list[Interpreter] = []
-    for level, (script, file) in enumerate(zip(files, files[1:], strict=False)):
+    for level, (script, file) in enumerate(itertools.pairwise(files)):
         name, arg = claimed[level]
         if script.shebang != (os.fsdecode(name), os.fsdecode(arg)):
             raise IdentityError("the script changed while it was being checked")

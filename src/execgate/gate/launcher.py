@@ -401,9 +401,7 @@ class Launcher:
         if not fds:
             return self._channel.sock.send(data)
         rights = array.array("i", fds)
-        return self._channel.sock.sendmsg(
-            [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)]
-        )
+        return self._channel.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
 
     def _write(self) -> None:
         while self._outgoing:
@@ -413,7 +411,7 @@ class Launcher:
                 item.fds = []
             except BlockingIOError:
                 if not self._writing:
-                    self._loop.add_writer(sock.fileno(), self._write)
+                    self._loop.add_writer(self._channel.sock.fileno(), self._write)
                     self._writing = True
                 return
             except OSError as exc:

@@ -2,10 +2,12 @@
 
 This is the per-exec hot path on the Python side, so it stays off asyncio's stream machinery:
 the listening socket is watched with ``add_reader``; each accepted connection is read once with
-``recv`` (a request is one small frame, already sent by the time we accept) and answered
-synchronously when the decision needs no human. Only big requests and questions to a human
-become tasks; how many big requests may be arriving at once, and how many bytes they may
-hold, is bounded (a gated process must not make the server grow without limit). Escalation claims do not come here: the launcher serves them (protocol §4).
+``recvmsg`` (a request is one small frame, already sent by the time we accept, with the
+descriptors of the files it would run) and answered synchronously when the decision needs no
+human. Only big requests and questions to a human become tasks; how many big requests may be
+arriving at once, for how long and how many bytes they may hold is bounded (a gated process
+must not make the server grow without limit: excess connections are closed, and the client
+fails closed). Escalation claims do not come here: the launcher serves them (protocol §4).
 """
 
 from __future__ import annotations
@@ -195,7 +197,12 @@ class GateServer:
     async def _readable(self, conn: socket.socket) -> None:
         ready: asyncio.Future[None] = self._loop.create_future()
         fd = conn.fileno()
-        self._loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        self._loop.add_reader(fd, wake)
         try:
             await ready
         finally:

@@ -37,9 +37,9 @@ from execgate.gate.escalation import (
     Verdict,
     no_one_to_ask,
 )
+from execgate.gate.identity import ExecFile, IdentityError, describe_path, inspect_descriptors
 from execgate.gate.launcher import LaunchedProcess, Launcher, LauncherError
 from execgate.gate.livepolicy import LivePolicy
-from execgate.gate.identity import ExecFile, IdentityError, describe_path, inspect_descriptors
 from execgate.gate.program import GatedExec
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import Answer, GateServer, Peer

@@ -7,6 +7,7 @@ Every attack runs for real inside `execgate run` (sandbox off, workspace-write, 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -38,13 +39,16 @@ FORGER = textwrap.dedent(
             while chunk := s.recv(4096):
                 answer += chunk
         return P.split_payload(answer[4:])[0].decode() if answer else "closed"
-    with open(marker, "rb") as f:
-        evil = os.open(marker, os.O_PATH)
-        d = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
-        print("nofd", ask(b"/usr/bin/ls", []))
-        print("dirfd", ask(b"/usr/bin/ls", [d]))
-        print("otherfile", ask(b"/usr/bin/ls", [evil]))
-        print("twofds", ask(b"/usr/bin/ls", [evil, evil]))
+    evil = os.open(marker, os.O_PATH)
+    elf = os.open(os.path.join(os.path.dirname(marker), "evil"), os.O_RDONLY)
+    ls = os.open("/usr/bin/ls", os.O_RDONLY)
+    d = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    print("nofd", ask(b"/usr/bin/ls", []))
+    print("dirfd", ask(b"/usr/bin/ls", [d]))
+    print("otherscript", ask(b"/usr/bin/ls", [evil]))
+    print("otherfile", ask(b"/usr/bin/ls", [elf]))
+    print("twofds", ask(b"/usr/bin/ls", [ls, ls]))
+    print("realls", ask(b"/usr/bin/ls", [ls]))
     """
 )
 
@@ -96,6 +100,7 @@ def test_forged_requests_and_look_alike_names_are_never_escalated(place, mode: s
     outside.mkdir()
     ws, rules, _ = _setup(base, outside)
     (ws / "forge.py").write_text(FORGER)
+    shutil.copy2("/usr/bin/touch", ws / "evil")  # an ELF that is not ls
     # a copy, a symlink and a hard link named like the allowed program
     script = (
         f"python3 forge.py {ws / 'marker'}; "
@@ -105,8 +110,11 @@ def test_forged_requests_and_look_alike_names_are_never_escalated(place, mode: s
     r = _run(user, ws, rules, mode, script, base)
     out = r.stdout.decode()
     assert "alive" in out, (out, r.stderr)
-    assert "nofd deny" in out and "dirfd deny" in out and "twofds deny" in out, (out, r.stderr)
-    assert "otherfile escalate" not in out, out
+    for forged in ("nofd", "dirfd", "otherscript", "twofds"):
+        assert f"{forged} deny" in out, (out, r.stderr)
+    assert "otherfile run" in out, out  # another file than PATH names: at most runs in place
+    # the control: the real ls is escalated where escalation means leaving a sandbox
+    assert f"realls {'run' if mode == 'off' else 'escalate'}" in out, out
     if mode != "off":  # sandbox off: everything runs unconfined in place anyway
         assert not (outside / "escaped").exists(), out  # nothing left the sandbox
 

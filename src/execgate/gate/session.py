@@ -366,7 +366,7 @@ class EscalationSession:
             program, interpreters = inspect_descriptors(fds, request.interpreters)
         except IdentityError as exc:
             exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
-            log.warning("gate: refused a request from pid %d: %s", peer.pid, exc)
+            log.info("gate: refused a request from pid %d: %s", peer.pid, exc)
             if self.audit:
                 self.audit.record(exec_, Verdict.DENY.value, str(exc))
             return protocol.encode_deny(self.denial(exec_, str(exc)))

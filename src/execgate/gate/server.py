@@ -147,7 +147,7 @@ class GateServer:
                 return
         if len(self._slow) >= MAX_SLOW_REQUESTS:
             # Memory is bounded per session: a process cannot make us hold many big frames.
-            log.warning("gate: too many unfinished requests; closed one from pid %d", peer.pid)
+            log.info("gate: too many unfinished requests; closed one from pid %d", peer.pid)
             _close_all(fds)
             conn.close()
             return
@@ -185,7 +185,7 @@ class GateServer:
                     self._buffered += len(chunk)
                     buffer += chunk
         except (OSError, ProtocolError, TimeoutError) as exc:
-            log.warning("gate: dropped a request from pid %d: %s", peer.pid, exc or "timeout")
+            log.info("gate: dropped a request from pid %d: %s", peer.pid, exc or "timeout")
             _close_all(fds)
             conn.close()
             return

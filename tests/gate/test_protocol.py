@@ -68,12 +68,23 @@ def test_malformed_payloads_are_refused(payload):
 
 def test_argv_count_must_match():
     frame = protocol.encode_exec_request(
-        ExecRequest(b"t", "execve", 1, 1, b"/", b"/bin/true", b"", 1, 1, b"", b"", (b"true",))
+        ExecRequest(b"t", "execve", 1, 1, b"/", b"/bin/true", (), (b"true",))
     )
     fields = payload_of(frame)
-    fields[12] = b"2"  # ARGC
+    fields[8] = b"2"  # ARGC (after NINTERP = 0)
     with pytest.raises(ProtocolError):
         protocol.parse_exec_request(fields)
+
+
+def test_interpreter_count_is_checked():
+    frame = protocol.encode_exec_request(
+        ExecRequest(b"t", "execve", 1, 1, b"/", b"/s", ((b"/bin/sh", b""),), (b"s",))
+    )
+    fields = payload_of(frame)
+    for bad in (b"5", b"-1", b"2", b"x"):  # more than the kernel follows, negative, too many
+        fields[7] = bad
+        with pytest.raises(ProtocolError):
+            protocol.parse_exec_request(fields)
 
 
 def test_signal_numbers_are_checked():

@@ -120,13 +120,6 @@ int eg_exec_plan(const struct eg_plan *plan)
     case EG_HOW_FD:
         r = eg_sys_execveat(plan->fd, "", plan->argv, plan->envp, AT_EMPTY_PATH);
         break;
-    case EG_HOW_PATH:
-        if (plan->dirfd == AT_FDCWD && !plan->atflags)
-            r = eg_sys_execve(plan->path, plan->argv, plan->envp);
-        else
-            r = eg_sys_execveat(plan->dirfd, plan->path, plan->argv, plan->envp,
-                                plan->atflags & AT_SYMLINK_NOFOLLOW);
-        break;
     case EG_HOW_CLAIM: {
         char *claim[] = {(char *)"execgate-claim", (char *)plan->ticket, NULL};
         r = eg_sys_execve(plan->path, claim, plan->envp);
@@ -1071,30 +1064,6 @@ static struct {
     unsigned long long dev, ino;
 } last_denied;
 
-/* Scripts run by path (the interpreter needs it). Narrow the window in which the path could be
- * made to name another file: right before the exec, it must still be the file that was checked
- * (the kernel executes whatever the path names then; see docs/protocol.md §3). */
-static int path_still_same(const struct eg_plan *plan, const struct prog *p)
-{
-    if (plan->how != EG_HOW_PATH)
-        return 1;
-    struct stat st;
-    if (fstatat(plan->dirfd, plan->path, &st, plan->atflags & AT_SYMLINK_NOFOLLOW) < 0)
-        return 0;
-    return (unsigned long long)st.st_dev == p->dev && (unsigned long long)st.st_ino == p->ino;
-}
-
-static int run_checked(struct eg_call *c, eg_run_fn run, void *ctx, const struct eg_plan *plan,
-                       const struct prog *p, char *const *argv)
-{
-    if (!path_still_same(plan, p)) {
-        eg_deny_line(argv, p->abs, "the program was replaced while it was being checked", NULL);
-        c->denied = 1;
-        return EACCES;
-    }
-    return run(ctx, plan);
-}
-
 static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *path, int atflags,
                    char *const *argv, eg_run_fn run, void *ctx)
 {
@@ -1106,8 +1075,7 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
     if (err)
         return err;
 
-    struct eg_plan plan = {.fd = p.fd, .path = path, .dirfd = dirfd, .atflags = atflags,
-                           .argv = argv, .envp = w->envp};
+    struct eg_plan plan = {.fd = p.fd, .path = path, .argv = argv, .envp = w->envp};
     /* Everything runs from the very descriptor that was checked (close-on-exec, so the kernel
      * refuses to start a #! line it finds there: scripts run as their judged interpreter's
      * descriptor, below); other formats (binfmt_misc) too, so nothing swapped in can run. */
@@ -1132,7 +1100,7 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
 
     /* The wrapper is a gate itself: exec it with the gate environment, it asks on its own. */
     if (eg_sess.wrapper[0] && p.real[0] && eq(p.real, eg_sess.wrapper)) {
-        err = run_checked(c, run, ctx, &plan, &p, argv);
+        err = run(ctx, &plan);
         prog_close(&p);
         return err;
     }
@@ -1152,7 +1120,7 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
     }
 
     if (!snap_needs_ask(&p)) {
-        err = run_checked(c, run, ctx, &plan, &p, argv);
+        err = run(ctx, &plan);
         prog_close(&p);
         return err;
     }
@@ -1240,7 +1208,7 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
             plan.fd = p.ifd[p.ninterp - 1];
             plan.argv = x;
         }
-        err = run_checked(c, run, ctx, &plan, &p, argv);
+        err = run(ctx, &plan);
         break;
     case V_DENY:
         write_message(a.text, a.text_len);

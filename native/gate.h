@@ -51,8 +51,8 @@ const char *eg_getenv(char *const *envp, const char *name);
 
 /* What to execute, handed to the caller's eg_run_fn. */
 enum eg_how {
-    EG_HOW_FD,    /* execveat(fd, "", argv, envp, AT_EMPTY_PATH): exactly the checked file */
-    EG_HOW_PATH,  /* execve(path, …) (unused by the gate: everything runs by descriptor) */
+    EG_HOW_FD,    /* execveat(fd, "", argv, envp, AT_EMPTY_PATH): exactly the checked file
+                   * (for a script: its last judged interpreter, argv as binfmt_script's) */
     EG_HOW_CLAIM, /* escalation: claim TICKET (argv: the command) in this process (eg_claim)
                    * or exec the wrapper, path = wrapper, argv = [execgate-claim, TICKET] */
     EG_HOW_GATE,  /* resolve_only calls: start the wrapper in its gate mode on path (the
@@ -62,9 +62,8 @@ enum eg_how {
 struct eg_plan {
     enum eg_how how;
     int fd;              /* EG_HOW_FD: the open program (close-on-exec) */
-    const char *path;    /* the path as the caller gave it (NULL for fexecve); CLAIM: wrapper */
-    int dirfd;           /* EG_HOW_PATH: execveat's directory (AT_FDCWD for execve) */
-    int atflags;         /* EG_HOW_PATH: execveat's flags */
+    const char *path;    /* the path as the caller gave it (NULL for fexecve); CLAIM: wrapper;
+                          * GATE: the absolute path of the file found */
     const char *ticket;  /* EG_HOW_CLAIM */
     char *const *argv;
     char *const *envp;   /* the caller's environment with the gate environment re-added */

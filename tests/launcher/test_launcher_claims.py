@@ -248,6 +248,29 @@ def test_unknown_expired_reused_and_foreign_tickets_are_denied() -> None:
     scenario(go)
 
 
+def test_outstanding_tickets_are_bounded_and_hold_their_program() -> None:
+    """Each ticket keeps the judged program's descriptor: at most 256 are outstanding (the
+    oldest goes), and a ticket runs its file even after the path names another one."""
+    unknown = ("deny", "execgate: escalation ticket unknown or expired")
+
+    def go(launcher: Launcher) -> None:
+        with tempfile.TemporaryDirectory(prefix="egt-tk") as tmp:
+            prog = Path(tmp) / "prog"
+            shutil.copy2("/bin/true", prog)
+            authorize(launcher, "judged", [str(prog)])
+            shutil.copy2("/bin/false", Path(tmp) / "other")
+            os.replace(Path(tmp) / "other", prog)  # the path now names another file
+            assert simple_claim(launcher, "judged").answer() == ("exit", "0")
+        for i in range(300):
+            authorize(launcher, f"t{i}", ["/bin/true"])
+        assert simple_claim(launcher, "t0").answer() == unknown  # dropped: the oldest
+        assert simple_claim(launcher, "t299").answer() == ("exit", "0")
+        own = len(os.listdir(f"/proc/{launcher.pid}/fd"))
+        assert own < 256 + 32, own  # the descriptors of dropped tickets were closed
+
+    scenario(go)
+
+
 def test_a_half_sent_claim_stalls_nobody() -> None:
     def go(launcher: Launcher) -> None:
         authorize(launcher, "slow", ["/bin/sh", "-c", "exit 3"])

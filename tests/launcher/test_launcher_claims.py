@@ -263,8 +263,9 @@ def test_outstanding_tickets_are_bounded_and_hold_their_program() -> None:
             assert simple_claim(launcher, "judged").answer() == ("exit", "0")
         for i in range(300):
             authorize(launcher, f"t{i}", ["/bin/true"])
-        assert simple_claim(launcher, "t0").answer() == unknown  # dropped: the oldest
+        # (the newest first: its claim makes the launcher read every pending authorization)
         assert simple_claim(launcher, "t299").answer() == ("exit", "0")
+        assert simple_claim(launcher, "t0").answer() == unknown  # dropped: the oldest
         own = len(os.listdir(f"/proc/{launcher.pid}/fd"))
         assert own < 256 + 32, own  # the descriptors of dropped tickets were closed
 

@@ -152,8 +152,7 @@ def test_fork_and_vfork_children_both_escalate(gate: Gate) -> None:
     who.write_text(WHO_CLAIMS)
     who.chmod(0o755)
     gate.write_rules(
-        f'host_executable(name="whoclaims", paths=["{who}"])\n'
-        'prefix_rule(["whoclaims"], "allow")\n'
+        f'host_executable(name="whoclaims", paths=["{who}"])\nprefix_rule(["whoclaims"], "allow")\n'
     )
     script = (
         "whoclaims bash 3; echo rc=$?; "

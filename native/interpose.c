@@ -12,8 +12,11 @@
  *
  * An escalated exec is claimed in this very process (eg_claim) when that is safe: the process
  * is not a vfork child (whose parent is suspended until the exec) and has no other thread (an
- * exec would end them). Otherwise it execs the wrapper in claim mode, as posix_spawn always
- * does (its caller needs a pid that becomes the program).
+ * exec would end them). Otherwise it execs the wrapper in claim mode.
+ *
+ * posix_spawn (and so system/popen) cannot execute a descriptor: it only resolves the program
+ * here (errors are the caller's) and spawns the wrapper in its gate mode on the path found; the
+ * wrapper asks and executes by descriptor (docs/protocol.md §3).
  */
 #include <dlfcn.h>
 #include <errno.h>

@@ -313,3 +313,26 @@ def test_script_swapped_during_check_runs_judged_interpreter(gate: Gate) -> None
     r = gate.sh("./s; echo rc=$?")
     assert b"rc=0" not in r.stdout  # sh read an ELF as a script and failed
     assert [q.path.endswith(b"/s") for q in gate.server.requests] == [True]  # nothing else ran
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "#!/bin/sh",
+        "#! /bin/sh",
+        "#!/bin/sh -e",
+        "#!\t/bin/sh\t-e  ",
+        "#!/usr/bin/env -S sh -e",
+        "#!/bin/sh " + "-e" + " " * 300,  # longer than the kernel's 256-byte buffer
+    ],
+)
+def test_the_server_reads_every_shebang_as_the_client_does(gate: Gate, line: str) -> None:
+    """The client executes the interpreter as it parsed the #! line, the server judges its own
+    reading of the same descriptor: both parsers are the kernel's, so they always agree."""
+    script = gate.work / "odd"
+    script.write_text(f"{line}\necho ran\n")
+    script.chmod(0o755)
+    r = gate.run(["/bin/sh", "-c", "./odd"])
+    assert (r.returncode, r.stdout) == (0, b"ran\n"), r.stderr
+    (req,) = [q for q in gate.server.requests if q.path.endswith(b"/odd")]
+    assert req.refused == "" and req.interpreters, req

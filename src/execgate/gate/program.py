@@ -84,10 +84,12 @@ class GatedExec:
             return self.interpreters[-1].file.id
         return (self.dev, self.ino)
 
-    def exec_argv(self) -> list[str]:
+    def exec_argv(self, script: str | None = None) -> list[str]:
         """The argv the file that runs gets: for a script what binfmt_script would build,
-        ``[INTERP, (ARG), SCRIPT, ARGV[1:]…]`` nested once per interpreter."""
-        words = [self.path, *self.argv[1:]] if self.interpreters else list(self.argv)
+        ``[INTERP, (ARG), SCRIPT, ARGV[1:]…]`` nested once per interpreter, ``SCRIPT`` being
+        ``script`` (default: the path as the caller named it)."""
+        named = script or self.path
+        words = [named, *self.argv[1:]] if self.interpreters else list(self.argv)
         for interp in self.interpreters:
             words = [interp.name, *([interp.arg] if interp.arg else []), *words]
         return words

@@ -458,7 +458,9 @@ class EscalationSession:
                 display=exec_.display(),
                 path=os.fsencode(exec_.realpath or exec_.path),  # for messages
                 program=runs,
-                argv=[os.fsencode(word) for word in exec_.exec_argv()],
+                # An escalated interpreter reads a script by its canonical path: the name the
+                # caller used could be re-pointed (a symlink in the workspace) before it does.
+                argv=[os.fsencode(word) for word in exec_.exec_argv(exec_.realpath)],
                 cwd=request.cwd,
                 env=self.escalated_env_rules(),
             )

@@ -120,13 +120,6 @@ int eg_exec_plan(const struct eg_plan *plan)
     case EG_HOW_FD:
         r = eg_sys_execveat(plan->fd, "", plan->argv, plan->envp, AT_EMPTY_PATH);
         break;
-    case EG_HOW_PATH:
-        if (plan->dirfd == AT_FDCWD && !plan->atflags)
-            r = eg_sys_execve(plan->path, plan->argv, plan->envp);
-        else
-            r = eg_sys_execveat(plan->dirfd, plan->path, plan->argv, plan->envp,
-                                plan->atflags & AT_SYMLINK_NOFOLLOW);
-        break;
     case EG_HOW_CLAIM: {
         char *claim[] = {(char *)"execgate-claim", (char *)plan->ticket, NULL};
         r = eg_sys_execve(plan->path, claim, plan->envp);
@@ -429,8 +422,13 @@ struct prog {
     char *abs;          /* PATH */
     char *real;         /* REALPATH, "" if unknown */
     char names[2 * EG_PATH]; /* real, then abs: together, so the hot path touches one page */
-    char interp[256];
-    char interp_arg[256];
+    /* A #! script: level k's line names iname[k] (argument iarg[k]), opened as ifd[k]; the
+     * last one is what the kernel would finally run, and what we execute. Level 0 is parsed
+     * by classify(), the rest by open_chain() (only once the script must be asked about). */
+    int ninterp;
+    int ifd[EG_MAX_INTERP];
+    char iname[EG_MAX_INTERP][256];
+    char iarg[EG_MAX_INTERP][256];
 };
 
 static void fd_link(char *out, int fd)
@@ -457,8 +455,9 @@ static int read_link(int fd, char *out, size_t cap)
 
 static int spacetab(char c) { return c == ' ' || c == '\t'; }
 
-/* binfmt_script's parser (fs/binfmt_script.c): buf is the first 256 bytes, zero padded. */
-static int parse_shebang(char *buf, size_t size, struct prog *p)
+/* binfmt_script's parser (fs/binfmt_script.c): buf is the first 256 bytes, zero padded.
+ * name and arg get 256 bytes each ("" when there is no argument). */
+static int parse_shebang(char *buf, size_t size, char *name, char *arg)
 {
     if (buf[0] != '#' || buf[1] != '!')
         return -1;
@@ -499,33 +498,76 @@ static int parse_shebang(char *buf, size_t size, struct prog *p)
     if (i_sep < i_end)
         *i_sep = '\0';
     size_t n = strlen(i_name);
-    memcpy(p->interp, i_name, n + 1);
+    memcpy(name, i_name, n + 1);
+    arg[0] = '\0';
     if (i_arg) {
         n = strlen(i_arg);
-        memcpy(p->interp_arg, i_arg, n + 1);
+        memcpy(arg, i_arg, n + 1);
     }
     return 0;
+}
+
+/* The first 256 bytes of readfd, zero padded: their length, or -1. */
+static ssize_t read_head(int readfd, char buf[256])
+{
+    memset(buf, 0, 256);
+    ssize_t n;
+    do {
+        n = pread(readfd, buf, 256, 0);
+    } while (n < 0 && errno == EINTR);
+    return n;
 }
 
 static void classify(struct prog *p, int readfd)
 {
     char buf[256];
-    memset(buf, 0, sizeof buf);
-    ssize_t n;
-    do {
-        n = pread(readfd, buf, sizeof buf, 0);
-    } while (n < 0 && errno == EINTR);
-    p->interp[0] = p->interp_arg[0] = '\0';
+    ssize_t n = read_head(readfd, buf);
+    p->iname[0][0] = p->iarg[0][0] = '\0';
     if (n < 0) {
         p->kind = K_OPAQUE;
         return;
     }
     if (n >= 4 && memcmp(buf, "\177ELF", 4) == 0)
         p->kind = K_ELF;
-    else if (n >= 2 && parse_shebang(buf, sizeof buf, p) == 0)
+    else if (n >= 2 && parse_shebang(buf, sizeof buf, p->iname[0], p->iarg[0]) == 0)
         p->kind = K_SCRIPT;
     else
         p->kind = K_OTHER;
+}
+
+/* Open a script's interpreters the way the kernel would find them (relative names against the
+ * working directory), each once: ifd[k] for iname[k], reading the next #! line from that very
+ * descriptor. 0 or the errno the exec would fail with (ELOOP past EG_MAX_INTERP levels). The
+ * server judges these descriptors and we execute the last: nothing re-reads a #! line or
+ * re-resolves a path after the check. */
+static int open_chain(struct prog *p)
+{
+    p->ninterp = 0;
+    for (int k = 0; k < EG_MAX_INTERP; k++) {
+        int fd = open(p->iname[k], O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        int readable = fd >= 0;
+        if (fd < 0 && errno == EACCES)
+            fd = open(p->iname[k], O_PATH | O_CLOEXEC);
+        if (fd < 0)
+            return errno;
+        p->ifd[p->ninterp++] = fd;
+        struct stat st;
+        if (fstat(fd, &st) < 0)
+            return errno;
+        if (!S_ISREG(st.st_mode) || !(st.st_mode & 0111))
+            return EACCES;
+        char buf[256];
+        if (!readable || read_head(fd, buf) < 2)
+            return 0; /* executed by descriptor: the kernel refuses an unreadable script */
+        if (k + 1 == EG_MAX_INTERP) {
+            if (buf[0] == '#' && buf[1] == '!')
+                return ELOOP;
+            return 0;
+        }
+        if (parse_shebang(buf, sizeof buf, p->iname[k + 1], p->iarg[k + 1]) != 0)
+            return 0;
+    }
+    return ELOOP;
 }
 
 /* Join dir + "/" + rel into out; 0 or -ENAMETOOLONG. */
@@ -553,7 +595,8 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
     p->dev = p->ino = 0;
     p->real = p->names;
     p->abs = p->names + EG_PATH; /* moved next to real once real is known */
-    p->real[0] = p->abs[0] = p->interp[0] = p->interp_arg[0] = '\0';
+    p->real[0] = p->abs[0] = p->iname[0][0] = p->iarg[0][0] = '\0';
+    p->ninterp = 0;
 
     if (!path || (!*path && (atflags & AT_EMPTY_PATH))) {
         /* fexecve / execveat(fd, "", AT_EMPTY_PATH) */
@@ -645,6 +688,9 @@ static void prog_close(struct prog *p)
         close(p->fd);
     p->fd = -1;
     p->own_fd = 0;
+    for (int k = 0; k < p->ninterp; k++)
+        close(p->ifd[k]);
+    p->ninterp = 0;
 }
 
 /* ---------------------------------------------------------------- snapshot (§6) */
@@ -875,8 +921,9 @@ static size_t request_size(const struct eg_call *c, const struct prog *p, const 
                            char *const *argv, size_t *argc_out)
 {
     size_t n = EG_HEADER + 4 + 5 + EG_TOKEN_LEN + 1 + strlen(c->via) + 1 + 2 * 24 + strlen(cwd) +
-               1 + strlen(p->abs) + 1 + strlen(p->real) + 1 + 2 * 24 + strlen(p->interp) + 1 +
-               strlen(p->interp_arg) + 1 + 24;
+               1 + strlen(p->abs) + 1 + 24 + 24;
+    for (int k = 0; k < p->ninterp; k++)
+        n += strlen(p->iname[k]) + 1 + strlen(p->iarg[k]) + 1;
     size_t argc = 0;
     if (argv)
         for (; argv[argc]; argc++)
@@ -901,11 +948,11 @@ static void ask(const struct eg_call *c, const struct prog *p, const char *cwd, 
     eg_put_long(&b, getppid());
     eg_put(&b, cwd);
     eg_put(&b, p->abs);
-    eg_put(&b, p->real);
-    eg_put_ulong(&b, p->dev);
-    eg_put_ulong(&b, p->ino);
-    eg_put(&b, p->interp);
-    eg_put(&b, p->interp_arg);
+    eg_put_long(&b, p->ninterp);
+    for (int k = 0; k < p->ninterp; k++) {
+        eg_put(&b, p->iname[k]);
+        eg_put(&b, p->iarg[k]);
+    }
     eg_put_ulong(&b, argc);
     for (size_t i = 0; i < argc; i++) {
         size_t at = b.len;
@@ -928,7 +975,12 @@ static void ask(const struct eg_call *c, const struct prog *p, const char *cwd, 
         set_error(a, "execgate server unreachable", eg_sess.sock, -sock);
         return;
     }
-    int r = eg_send_frame(sock, &b, NULL, 0);
+    /* What will run travels as descriptors (§3): the server judges these files, not names. */
+    int fds[1 + EG_MAX_INTERP];
+    fds[0] = p->fd;
+    for (int k = 0; k < p->ninterp; k++)
+        fds[1 + k] = p->ifd[k];
+    int r = eg_send_frame(sock, &b, fds, 1 + p->ninterp);
     if (r < 0) {
         set_error(a, "cannot send the request to the execgate server", NULL, -r);
         close(sock);
@@ -1012,30 +1064,6 @@ static struct {
     unsigned long long dev, ino;
 } last_denied;
 
-/* Scripts run by path (the interpreter needs it). Narrow the window in which the path could be
- * made to name another file: right before the exec, it must still be the file that was checked
- * (the kernel executes whatever the path names then; see docs/protocol.md §3). */
-static int path_still_same(const struct eg_plan *plan, const struct prog *p)
-{
-    if (plan->how != EG_HOW_PATH)
-        return 1;
-    struct stat st;
-    if (fstatat(plan->dirfd, plan->path, &st, plan->atflags & AT_SYMLINK_NOFOLLOW) < 0)
-        return 0;
-    return (unsigned long long)st.st_dev == p->dev && (unsigned long long)st.st_ino == p->ino;
-}
-
-static int run_checked(struct eg_call *c, eg_run_fn run, void *ctx, const struct eg_plan *plan,
-                       const struct prog *p, char *const *argv)
-{
-    if (!path_still_same(plan, p)) {
-        eg_deny_line(argv, p->abs, "the program was replaced while it was being checked", NULL);
-        c->denied = 1;
-        return EACCES;
-    }
-    return run(ctx, plan);
-}
-
 static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *path, int atflags,
                    char *const *argv, eg_run_fn run, void *ctx)
 {
@@ -1047,20 +1075,32 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
     if (err)
         return err;
 
-    struct eg_plan plan = {.fd = p.fd, .path = path, .dirfd = dirfd, .atflags = atflags,
-                           .argv = argv, .envp = w->envp};
-    /* ELF and anything not readable (no interpreter can read it either) run from the very
-     * descriptor that was checked; scripts by path (the interpreter gets the path as $0);
-     * other formats (binfmt_misc) by descriptor too, so nothing swapped in can run. */
-    plan.how = p.kind == K_SCRIPT ? EG_HOW_PATH : EG_HOW_FD;
-    if (!path || !*path) { /* fexecve: only the descriptor exists */
-        plan.how = EG_HOW_FD;
+    struct eg_plan plan = {.fd = p.fd, .path = path, .argv = argv, .envp = w->envp};
+    /* Everything runs from the very descriptor that was checked (close-on-exec, so the kernel
+     * refuses to start a #! line it finds there: scripts run as their judged interpreter's
+     * descriptor, below); other formats (binfmt_misc) too, so nothing swapped in can run. */
+    plan.how = EG_HOW_FD;
+    if (!path || !*path) /* fexecve: only the descriptor exists */
         plan.path = NULL;
+
+    if (c->resolve_only) {
+        if (!eg_sess.wrapper[0]) {
+            prog_close(&p);
+            eg_deny_line(argv, p.abs, "this call needs EXECGATE_WRAPPER, which is not set",
+                         NULL);
+            c->denied = 1;
+            return EACCES;
+        }
+        plan.how = EG_HOW_GATE;
+        plan.path = p.abs;
+        err = run(ctx, &plan);
+        prog_close(&p);
+        return err;
     }
 
     /* The wrapper is a gate itself: exec it with the gate environment, it asks on its own. */
     if (eg_sess.wrapper[0] && p.real[0] && eq(p.real, eg_sess.wrapper)) {
-        err = run_checked(c, run, ctx, &plan, &p, argv);
+        err = run(ctx, &plan);
         prog_close(&p);
         return err;
     }
@@ -1080,15 +1120,54 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
     }
 
     if (!snap_needs_ask(&p)) {
-        err = run_checked(c, run, ctx, &plan, &p, argv);
+        err = run(ctx, &plan);
         prog_close(&p);
         return err;
+    }
+
+    /* A script: what binfmt_script would give its interpreter as the script's name. */
+    char script_name[EG_PATH + 32];
+    if (p.kind == K_SCRIPT) {
+        int named_by = -1;
+        if (!path || !*path)
+            named_by = p.fd;
+        else if (path[0] != '/' && dirfd != AT_FDCWD)
+            named_by = dirfd;
+        if (named_by >= 0) { /* "/dev/fd/N[/path]": gone after the exec if close-on-exec */
+            int fl = fcntl(named_by, F_GETFD);
+            if (fl < 0 || (fl & FD_CLOEXEC)) {
+                prog_close(&p);
+                return ENOENT;
+            }
+            struct sb s = {script_name, 0, sizeof script_name};
+            char num[24];
+            num[eg_fmt_long(num, named_by)] = '\0';
+            sb_str(&s, "/dev/fd/");
+            sb_str(&s, num);
+            if (path && *path) {
+                sb_str(&s, "/");
+                sb_str(&s, path);
+            }
+        } else {
+            size_t n = strlen(path);
+            if (n >= sizeof script_name) {
+                prog_close(&p);
+                return ENAMETOOLONG;
+            }
+            memcpy(script_name, path, n + 1);
+        }
+        err = open_chain(&p);
+        if (err) {
+            prog_close(&p);
+            return err;
+        }
     }
 
     cwd = get_cwd(w);
     size_t argc;
     size_t need = request_size(c, &p, cwd, argv, &argc);
-    size_t ptrs = (argc + 1) * sizeof(char *);
+    /* argv as sent, then the script's argv: interpreters, script name, argv[1:] */
+    size_t ptrs = (2 * argc + 2 * EG_MAX_INTERP + 4) * sizeof(char *);
     size_t total = ptrs + need + ANSWER_CAP;
     void *map = NULL;
     char vla[total <= STACK_MAX ? total : 1] __attribute__((aligned(16)));
@@ -1114,7 +1193,22 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
     switch (a.v) {
     case V_RUN:
         plan.argv = argv_copy;
-        err = run_checked(c, run, ctx, &plan, &p, argv);
+        if (p.ninterp) { /* run the judged interpreter as the kernel would have */
+            char **x = argv_copy + argc + 1;
+            size_t i = 0;
+            for (int k = p.ninterp - 1; k >= 0; k--) {
+                x[i++] = p.iname[k];
+                if (p.iarg[k][0])
+                    x[i++] = p.iarg[k];
+            }
+            x[i++] = script_name;
+            for (size_t j = 1; j < argc; j++)
+                x[i++] = argv_copy[j];
+            x[i] = NULL;
+            plan.fd = p.ifd[p.ninterp - 1];
+            plan.argv = x;
+        }
+        err = run(ctx, &plan);
         break;
     case V_DENY:
         write_message(a.text, a.text_len);

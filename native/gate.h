@@ -21,6 +21,7 @@
 #define EG_PATH 4096
 #define EG_SUN_PATH 108
 #define EG_TOKEN_LEN 32
+#define EG_MAX_INTERP 4 /* #! levels followed, as the kernel does */
 
 /* The gate environment captured at load time (protocol §1). */
 struct eg_session {
@@ -50,18 +51,19 @@ const char *eg_getenv(char *const *envp, const char *name);
 
 /* What to execute, handed to the caller's eg_run_fn. */
 enum eg_how {
-    EG_HOW_FD,    /* execveat(fd, "", argv, envp, AT_EMPTY_PATH): exactly the checked file */
-    EG_HOW_PATH,  /* execve(path, …): scripts (the interpreter needs the path) */
+    EG_HOW_FD,    /* execveat(fd, "", argv, envp, AT_EMPTY_PATH): exactly the checked file
+                   * (for a script: its last judged interpreter, argv as binfmt_script's) */
     EG_HOW_CLAIM, /* escalation: claim TICKET (argv: the command) in this process (eg_claim)
                    * or exec the wrapper, path = wrapper, argv = [execgate-claim, TICKET] */
+    EG_HOW_GATE,  /* resolve_only calls: start the wrapper in its gate mode on path (the
+                   * absolute path of the file found), argv: the caller's; it decides */
 };
 
 struct eg_plan {
     enum eg_how how;
     int fd;              /* EG_HOW_FD: the open program (close-on-exec) */
-    const char *path;    /* the path as the caller gave it (NULL for fexecve); CLAIM: wrapper */
-    int dirfd;           /* EG_HOW_PATH: execveat's directory (AT_FDCWD for execve) */
-    int atflags;         /* EG_HOW_PATH: execveat's flags */
+    const char *path;    /* the path as the caller gave it (NULL for fexecve); CLAIM: wrapper;
+                          * GATE: the absolute path of the file found */
     const char *ticket;  /* EG_HOW_CLAIM */
     char *const *argv;
     char *const *envp;   /* the caller's environment with the gate environment re-added */
@@ -80,6 +82,9 @@ struct eg_call {
     int atflags;              /* execveat flags: AT_SYMLINK_NOFOLLOW, AT_EMPTY_PATH */
     int search;               /* `p` variant: PATH search when path has no '/' */
     int sh_fallback;          /* ENOEXEC → /bin/sh FILE ARGS… (execvp, execvpe, execlp) */
+    int resolve_only;         /* find and open the program only (errors as usual), then
+                               * hand run() an EG_HOW_GATE plan: posix_spawn cannot execute a
+                               * descriptor, so the wrapper it starts decides and execs */
     const char *search_path;  /* PATH value; NULL = "/bin:/usr/bin" */
     char *const *argv;
     char *const *envp;

@@ -12,8 +12,11 @@
  *
  * An escalated exec is claimed in this very process (eg_claim) when that is safe: the process
  * is not a vfork child (whose parent is suspended until the exec) and has no other thread (an
- * exec would end them). Otherwise it execs the wrapper in claim mode, as posix_spawn always
- * does (its caller needs a pid that becomes the program).
+ * exec would end them). Otherwise it execs the wrapper in claim mode.
+ *
+ * posix_spawn (and so system/popen) cannot execute a descriptor: it only resolves the program
+ * here (errors are the caller's) and spawns the wrapper in its gate mode on the path found; the
+ * wrapper asks and executes by descriptor (docs/protocol.md §3).
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -26,6 +29,7 @@
 #include <string.h>
 #include <sys/auxv.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -264,6 +268,7 @@ EXPORT int execle(const char *path, const char *arg, ...)
 /* ---------------------------------------------------------------- posix_spawn */
 
 struct spawn_ctx {
+    const char *wrapper_argv0;
     pid_t *pid;
     const posix_spawn_file_actions_t *fa;
     const posix_spawnattr_t *attr;
@@ -274,37 +279,33 @@ static int spawn_run(void *vctx, const struct eg_plan *plan)
     struct spawn_ctx *x = vctx;
     if (!real_posix_spawn)
         return ENOSYS;
-    switch (plan->how) {
-    case EG_HOW_FD: {
-        /* The child execs the checked file through its inherited (close-on-exec) descriptor,
-         * moved out of the way of the file actions' usual targets. */
-        int fd = fcntl(plan->fd, F_DUPFD_CLOEXEC, 1000);
-        if (fd < 0)
-            fd = fcntl(plan->fd, F_DUPFD_CLOEXEC, 100);
-        int high = fd >= 0;
-        if (!high)
-            fd = plan->fd;
-        char link[40];
-        memcpy(link, "/proc/self/fd/", 14);
-        link[14 + eg_fmt_long(link + 14, fd)] = '\0';
-        int r = real_posix_spawn(x->pid, link, x->fa, x->attr, plan->argv, plan->envp);
-        if (high)
-            close(fd);
-        /* ENOENT/EBADF: the descriptor did not reach the child's exec (a closefrom or close
-         * file action, as CPython >= 3.13 uses for close_fds; or no /proc). Only then fall back
-         * to the path, which reopens the (small) window between check and exec. */
-        if ((r == ENOENT || r == EBADF) && plan->path && *plan->path)
-            r = real_posix_spawn(x->pid, plan->path, x->fa, x->attr, plan->argv, plan->envp);
-        return r;
+    if (plan->how != EG_HOW_GATE)
+        return EINVAL;
+    /* posix_spawn can only execute a path, and a path can be swapped after any check (and its
+     * file actions may close a descriptor we would pass): the child is the wrapper in its gate
+     * mode, which opens FILE, asks, and executes by descriptor itself (§3, §5). */
+    size_t argc = 0;
+    while (plan->argv && plan->argv[argc])
+        argc++;
+    size_t bytes = (argc + 3) * sizeof(char *);
+    void *map = NULL;
+    char *vla[bytes <= 64 * 1024 ? argc + 3 : 1];
+    char **argv = vla;
+    if (bytes > 64 * 1024) {
+        map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (map == MAP_FAILED)
+            return ENOMEM;
+        argv = map;
     }
-    case EG_HOW_PATH:
-        return real_posix_spawn(x->pid, plan->path, x->fa, x->attr, plan->argv, plan->envp);
-    case EG_HOW_CLAIM: {
-        char *claim[] = {(char *)"execgate-claim", (char *)plan->ticket, NULL};
-        return real_posix_spawn(x->pid, plan->path, x->fa, x->attr, claim, plan->envp);
-    }
-    }
-    return EINVAL;
+    argv[0] = (char *)x->wrapper_argv0; /* execgate-via-VIA: the request's VIA field */
+    argv[1] = (char *)plan->path;
+    for (size_t i = 0; i < argc; i++)
+        argv[2 + i] = plan->argv[i];
+    argv[argc + 2] = NULL;
+    int r = real_posix_spawn(x->pid, eg_sess.wrapper, x->fa, x->attr, argv, plan->envp);
+    if (map)
+        munmap(map, bytes);
+    return r;
 }
 
 static int gated_spawn(const char *via, int search, pid_t *pid, const char *path,
@@ -312,10 +313,14 @@ static int gated_spawn(const char *via, int search, pid_t *pid, const char *path
                        char *const argv[], char *const envp[], int *denied)
 {
     pid_t dummy;
-    struct spawn_ctx x = {.pid = pid ? pid : &dummy, .fa = fa, .attr = attr};
+    char argv0[48] = "execgate-via-";
+    size_t vlen = strlen(via);
+    memcpy(argv0 + 13, via, vlen < 34 ? vlen + 1 : 1);
+    struct spawn_ctx x = {.wrapper_argv0 = argv0, .pid = pid ? pid : &dummy, .fa = fa,
+                          .attr = attr};
     struct eg_call c = {.via = via, .dirfd = AT_FDCWD, .path = path, .fd = -1, .search = search,
-                        .search_path = search ? caller_path() : NULL, .argv = argv,
-                        .envp = envp};
+                        .search_path = search ? caller_path() : NULL, .resolve_only = 1,
+                        .argv = argv, .envp = envp};
     if (!path)
         return EFAULT;
     int saved = errno;

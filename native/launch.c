@@ -39,6 +39,7 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -62,6 +63,7 @@
 #define MAX_LIFETIME_MS 3600000LL /* bound on a ticket's lifetime */
 #define MAX_CONNS 4096             /* claim connections open at once */
 #define MAX_TICKET 255
+#define MAX_TICKETS 256 /* outstanding authorizations; the oldest goes first */
 
 static const int IGNORED_SIGNALS[] = {SIGINT, SIGQUIT, SIGTSTP, SIGTTIN, SIGTTOU, SIGHUP, SIGPIPE};
 
@@ -104,6 +106,7 @@ struct ticket {
     const char *id, *token, *display, *path, *cwd;
     char **argv, **drop, **prefix, **keep, **set; /* NULL-terminated */
     long long expires;        /* now_ms() deadline */
+    int fd;                   /* the judged program (close-on-exec): what a claim executes */
 };
 
 static struct sb_config g_sandbox;
@@ -120,6 +123,7 @@ static struct conn **g_conns; /* open claim connections */
 static size_t g_nconns, g_capconns;
 static struct conn *g_dead;   /* released this round, freed at the top of the next */
 static struct ticket *g_tickets;
+static size_t g_ntickets;     /* at most MAX_TICKETS: each holds a descriptor */
 static long long g_accept_paused; /* now_ms() until which the claim socket is not polled */
 static int g_reset[NSIG];     /* signals not at their default disposition here: reset in children */
 static int g_nreset;
@@ -541,7 +545,8 @@ struct spawn {
     long long id;
     int sandbox, main;
     long long pgid;
-    const char *cwd, *path;
+    const char *cwd, *path;     /* path: executed, or only named in messages (execfd) */
+    int execfd;                 /* >= 0: execute this descriptor instead of path */
     int nfds;
     int *dst;
     char **argv, **envp;
@@ -594,21 +599,28 @@ static void close_from_to(unsigned first, unsigned last)
         close((int)fd);
 }
 
-/* In the child: put src[i] at dst[i], close everything else but *errfd (moved above them;
- * -1: none). */
-static int place_fds(const int *src, const int *dst, int n, int *errfd)
+/* In the child: put src[i] at dst[i], close everything else but *errfd and *execfd (each
+ * moved above them, close-on-exec; -1: none). */
+static int place_fds(const int *src, const int *dst, int n, int *errfd, int *execfd)
 {
     int top = 2;
     for (int i = 0; i < n; i++)
         if (dst[i] > top)
             top = dst[i];
     int moved[EG_MAX_FDS];
-    int e = -1;
+    int e = -1, x = -1;
     if (*errfd >= 0) {
         e = fcntl(*errfd, F_DUPFD_CLOEXEC, top + 1);
         if (e < 0)
             return -errno;
         *errfd = e;
+    }
+    if (*execfd >= 0) {
+        /* the program to execute, right above the error pipe (kept together: one range) */
+        x = fcntl(*execfd, F_DUPFD_CLOEXEC, (e >= 0 ? e : top) + 1);
+        if (x < 0)
+            return -errno;
+        *execfd = x;
     }
     for (int i = 0; i < n; i++) {
         moved[i] = fcntl(src[i], F_DUPFD_CLOEXEC, top + 1);
@@ -634,6 +646,10 @@ static int place_fds(const int *src, const int *dst, int n, int *errfd)
     if (e >= 0) {
         close_from_to(next, (unsigned)e - 1);
         next = (unsigned)e + 1;
+    }
+    if (x >= 0) {
+        close_from_to(next, (unsigned)x - 1);
+        next = (unsigned)x + 1;
     }
     close_from_to(next, ~0U);
     return 0;
@@ -667,7 +683,8 @@ static void child(const struct spawn *s, const int *fds, struct report *out)
         }
     }
 
-    int r = place_fds(fds, s->dst, s->nfds, &out->errfd);
+    int execfd = s->execfd;
+    int r = place_fds(fds, s->dst, s->nfds, &out->errfd, &execfd);
     if (r < 0)
         child_fail(out, -r, "placing descriptors: %s", strerror(-r));
 
@@ -687,7 +704,10 @@ static void child(const struct spawn *s, const int *fds, struct report *out)
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    execve(s->path, s->argv, s->envp);
+    if (execfd >= 0) /* exactly the file that was judged (an escalation, §7 authorize) */
+        syscall(SYS_execveat, execfd, "", s->argv, s->envp, AT_EMPTY_PATH);
+    else
+        execve(s->path, s->argv, s->envp);
     int e = errno;
     child_fail(out, e, "exec %s: %s", s->path, strerror(e));
 }
@@ -808,7 +828,7 @@ static char **counted(struct eg_fields *f)
  * Returns 0, or -EPROTO for a malformed message (the caller ends the session). */
 static int handle_spawn(struct eg_fields *f, int *fds, int nfds)
 {
-    struct spawn s = {0};
+    struct spawn s = {.execfd = -1};
     int dst[EG_MAX_FDS];
     long long n;
     size_t flen;
@@ -881,7 +901,15 @@ static void free_ticket(struct ticket *t)
     free(t->keep);
     free(t->set);
     free(t->mem);
+    if (t->fd >= 0)
+        close(t->fd);
     free(t);
+}
+
+static void unlink_ticket(struct ticket **pp)
+{
+    *pp = (*pp)->next;
+    g_ntickets--;
 }
 
 static void drop_expired_tickets(void)
@@ -890,7 +918,7 @@ static void drop_expired_tickets(void)
     for (struct ticket **pp = &g_tickets; *pp;) {
         struct ticket *t = *pp;
         if (now >= t->expires) {
-            *pp = t->next;
+            unlink_ticket(pp);
             free_ticket(t);
         } else {
             pp = &t->next;
@@ -904,7 +932,7 @@ static struct ticket *take_ticket(const char *id)
     for (struct ticket **pp = &g_tickets; *pp; pp = &(*pp)->next) {
         if (!strcmp((*pp)->id, id)) {
             struct ticket *t = *pp;
-            *pp = t->next;
+            unlink_ticket(pp);
             return t;
         }
     }
@@ -912,16 +940,18 @@ static struct ticket *take_ticket(const char *id)
 }
 
 /* EG1 · authorize · TICKET · LIFETIME_MS · TOKEN · DISPLAY · PATH · CWD · ARGC · ARGV… ·
- *       DROPC · NAME… · PREFIXC · PREFIX… · KEEPC · ENTRY… · SETC · ENTRY…
- * Takes ownership of payload (the ticket's strings point into it). 0 or -EPROTO. */
-static int handle_authorize(struct eg_fields *f, char *payload)
+ *       DROPC · NAME… · PREFIXC · PREFIX… · KEEPC · ENTRY… · SETC · ENTRY…   + the program's fd
+ * Takes ownership of payload (the ticket's strings point into it) and of fd. 0 or -EPROTO. */
+static int handle_authorize(struct eg_fields *f, char *payload, int fd)
 {
     struct ticket *t = calloc(1, sizeof *t);
     if (!t) {
         free(payload);
+        close(fd);
         return 0; /* not authorized: its claim is denied */
     }
     t->mem = payload;
+    t->fd = fd;
     long long lifetime;
     size_t idlen;
     if (!(t->id = eg_next(f, &idlen)) || eg_next_long(f, &lifetime) < 0 ||
@@ -938,11 +968,25 @@ static int handle_authorize(struct eg_fields *f, char *payload)
             free_ticket(t);
             return -EPROTO;
         }
+    struct stat st;
+    if (fstat(t->fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        free_ticket(t);
+        return -EPROTO;
+    }
     t->expires = now_ms() + (lifetime > MAX_LIFETIME_MS ? MAX_LIFETIME_MS : lifetime);
     drop_expired_tickets();
     free_ticket(take_ticket(t->id)); /* the same ticket again replaces it */
+    if (g_ntickets >= MAX_TICKETS) { /* the oldest (last) one goes: its claim is denied */
+        struct ticket **pp = &g_tickets;
+        while ((*pp)->next)
+            pp = &(*pp)->next;
+        struct ticket *old = *pp;
+        unlink_ticket(pp);
+        free_ticket(old);
+    }
     t->next = g_tickets;
     g_tickets = t;
+    g_ntickets++;
     return 0;
 }
 
@@ -1192,7 +1236,7 @@ static void handle_claim(struct conn *c, char *payload, size_t len)
     } else {
         pid_t pgid = getpgid(c->peer); /* the claimer's group: the terminal's signals reach it */
         struct spawn s = {.pgid = pgid > 0 ? pgid : 0, .cwd = t->cwd, .path = t->path,
-                          .nfds = c->nfds, .dst = dst, .argv = t->argv, .envp = envp};
+                          .execfd = t->fd, .nfds = c->nfds, .dst = dst, .argv = t->argv, .envp = envp};
         struct proc p = {.id = -1, .state = P_PENDING, .pgid = -1, .conn = c};
         struct failure failure;
         int r = start_child_vfork(&s, c->fds, &p, &failure);
@@ -1392,13 +1436,16 @@ static int handle_message(char **payload, size_t len, int *fds, int nfds, long l
         r = -EPROTO;
     else if (!strcmp(kind, "spawn"))
         r = handle_spawn(&f, fds, nfds) < 0 ? -EPROTO : 1;
-    else if (nfds)
-        r = -EPROTO;
     else if (!strcmp(kind, "authorize")) {
+        if (nfds != 1)
+            return -EPROTO; /* the caller closes what came */
         char *kept = *payload;
         *payload = NULL;
-        r = handle_authorize(&f, kept) < 0 ? -EPROTO : 1;
-    } else if (!strcmp(kind, "signal")) {
+        r = handle_authorize(&f, kept, fds[0]) < 0 ? -EPROTO : 1;
+        fds[0] = -1; /* the ticket's now (or closed) */
+    } else if (nfds)
+        r = -EPROTO;
+    else if (!strcmp(kind, "signal")) {
         long long id, sig;
         if (eg_next_long(&f, &id) < 0 || eg_next_long(&f, &sig) < 0 || !eg_fields_done(&f) ||
             sig < 0 || sig >= NSIG)

@@ -77,7 +77,14 @@ int main(int argc, char **argv, char **envp)
         return 2;
     }
     struct run_ctx x = {.argv = argv + 2};
-    struct eg_call c = {.via = "wrapper", .dirfd = AT_FDCWD, .path = argv[1], .fd = -1,
+    /* Started by the interposer for posix_spawn/system/popen (argv[0] execgate-via-VIA): say
+     * so in the request (informational, like every name a client sends). */
+    const char *via = "wrapper";
+    static const char *const spawned[] = {"posix_spawn", "posix_spawnp", "system", "popen"};
+    for (size_t i = 0; argv[0] && i < sizeof spawned / sizeof *spawned; i++)
+        if (!strncmp(argv[0], "execgate-via-", 13) && !strcmp(argv[0] + 13, spawned[i]))
+            via = spawned[i];
+    struct eg_call c = {.via = via, .dirfd = AT_FDCWD, .path = argv[1], .fd = -1,
                         .argv = argv + 2, .envp = envp};
     int r = eg_gate(&c, wrapper_run, &x);
     if (c.denied)

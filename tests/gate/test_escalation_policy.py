@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from execgate.gate.escalation import PolicyEscalation, Verdict
+from execgate.gate.identity import describe_path
 from execgate.gate.program import GatedExec
 from execgate.policy import load_rules_files
 
@@ -17,11 +17,12 @@ def escalation_for(tmp_path: Path, rules: str) -> PolicyEscalation:
     return PolicyEscalation(lambda: policy)
 
 
-def exec_of(path: Path, *args: str, interp: str = "", interp_arg: str = "") -> GatedExec:
-    st = os.stat(path)
+def exec_of(path: Path, *args: str) -> GatedExec:
+    """The exec as the server sees it: the file and its #! chain read from the files."""
+    file, interpreters = describe_path(str(path), str(path.parent))
     return GatedExec(
-        path=str(path), realpath=os.path.realpath(path), dev=st.st_dev, ino=st.st_ino,
-        argv=(path.name, *args), cwd=str(path.parent), interp=interp, interp_arg=interp_arg,
+        path=str(path), realpath=file.realpath, dev=file.dev, ino=file.ino,
+        argv=(path.name, *args), cwd=str(path.parent), interpreters=interpreters,
         pid=1, ppid=1, via="execve",
     )  # fmt: skip
 
@@ -49,10 +50,11 @@ def test_a_changed_interpreter_is_judged_again(tmp_path: Path) -> None:
     inner.write_text("#!/usr/bin/true\n")
     script = tmp_path / "s.sh"
     script.write_text(f"#!{inner}\n")
-    request = exec_of(script, interp=str(inner))
-    assert escalation.decide(request, confined=False).verdict == Verdict.RUN
+    for f in (inner, script):
+        f.chmod(0o755)
+    assert escalation.decide(exec_of(script), confined=False).verdict == Verdict.RUN
     inner.write_text("#!/usr/bin/false\n")  # the nested interpreter is now forbidden
-    assert escalation.decide(request, confined=False).verdict == Verdict.DENY
+    assert escalation.decide(exec_of(script), confined=False).verdict == Verdict.DENY
 
 
 def test_a_new_policy_is_not_answered_from_the_cache(tmp_path: Path) -> None:

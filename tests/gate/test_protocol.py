@@ -27,13 +27,12 @@ def payload_of(frame: bytes) -> list[bytes]:
     argv=st.lists(field_bytes, max_size=8),
     path=field_bytes,
     cwd=field_bytes,
-    dev=st.integers(0, 2**64 - 1),
-    ino=st.integers(0, 2**64 - 1),
+    interpreters=st.lists(st.tuples(field_bytes, field_bytes), max_size=4),
 )
-def test_exec_request_round_trips_with_empty_and_non_utf8_fields(argv, path, cwd, dev, ino):
+def test_exec_request_round_trips_with_empty_and_non_utf8_fields(argv, path, cwd, interpreters):
     request = ExecRequest(
-        token=b"ab" * 16, via="execve", pid=12, ppid=1, cwd=cwd, path=path, realpath=b"",
-        dev=dev, ino=ino, interp=b"", interp_arg=b"", argv=tuple(argv),
+        token=b"ab" * 16, via="execve", pid=12, ppid=1, cwd=cwd, path=path,
+        interpreters=tuple(interpreters), argv=tuple(argv),
     )  # fmt: skip
     frame = protocol.encode_exec_request(request)
     assert protocol.parse_exec_request(payload_of(frame)) == request
@@ -69,12 +68,23 @@ def test_malformed_payloads_are_refused(payload):
 
 def test_argv_count_must_match():
     frame = protocol.encode_exec_request(
-        ExecRequest(b"t", "execve", 1, 1, b"/", b"/bin/true", b"", 1, 1, b"", b"", (b"true",))
+        ExecRequest(b"t", "execve", 1, 1, b"/", b"/bin/true", (), (b"true",))
     )
     fields = payload_of(frame)
-    fields[12] = b"2"  # ARGC
+    fields[8] = b"2"  # ARGC (after NINTERP = 0)
     with pytest.raises(ProtocolError):
         protocol.parse_exec_request(fields)
+
+
+def test_interpreter_count_is_checked():
+    frame = protocol.encode_exec_request(
+        ExecRequest(b"t", "execve", 1, 1, b"/", b"/s", ((b"/bin/sh", b""),), (b"s",))
+    )
+    fields = payload_of(frame)
+    for bad in (b"5", b"-1", b"2", b"x"):  # more than the kernel follows, negative, too many
+        fields[7] = bad
+        with pytest.raises(ProtocolError):
+            protocol.parse_exec_request(fields)
 
 
 def test_signal_numbers_are_checked():

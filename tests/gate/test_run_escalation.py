@@ -151,7 +151,9 @@ def test_fork_and_vfork_children_both_escalate(gate: Gate) -> None:
     who = gate.bin / "whoclaims"
     who.write_text(WHO_CLAIMS)
     who.chmod(0o755)
-    gate.write_rules('prefix_rule(["whoclaims"], "allow")\n')
+    gate.write_rules(
+        f'host_executable(name="whoclaims", paths=["{who}"])\nprefix_rule(["whoclaims"], "allow")\n'
+    )
     script = (
         "whoclaims bash 3; echo rc=$?; "
         "python3 -c 'import subprocess, sys; "

@@ -15,15 +15,15 @@ from execgate.gate.session import EscalationSession
 
 
 def _ask(path: Path, token: str, program: str, *argv: str) -> list[bytes]:
-    st = os.stat(program)
     request = protocol.ExecRequest(
         token=token.encode(), via="execve", pid=os.getpid(), ppid=os.getppid(), cwd=b"/",
-        path=program.encode(), realpath=os.path.realpath(program).encode(), dev=st.st_dev,
-        ino=st.st_ino, interp=b"", interp_arg=b"", argv=tuple(a.encode() for a in argv),
+        path=program.encode(), interpreters=(), argv=tuple(a.encode() for a in argv),
     )  # fmt: skip
+    fd = os.open(program, os.O_RDONLY | os.O_CLOEXEC)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.connect(str(path))
-        s.sendall(protocol.encode_exec_request(request))
+        socket.send_fds(s, [protocol.encode_exec_request(request)], [fd])
+        os.close(fd)
         answer = b""
         while chunk := s.recv(4096):
             answer += chunk

@@ -52,16 +52,21 @@ def authorize(
     token: bytes = TOKEN,
 ) -> None:
     path = shutil.which(argv[0]) or argv[0]
-    posted = launcher.authorize(
-        ticket,
-        token=token,
-        display=" ".join(argv),
-        path=os.fsencode(path),
-        argv=[os.fsencode(a) for a in argv],
-        cwd=os.fsencode(cwd),
-        env=env,
-        lifetime=lifetime,
-    )
+    program = os.open(path, os.O_PATH | os.O_CLOEXEC)  # what the launcher executes
+    try:
+        posted = launcher.authorize(
+            ticket,
+            token=token,
+            display=" ".join(argv),
+            path=os.fsencode(path),
+            program=program,
+            argv=[os.fsencode(a) for a in argv],
+            cwd=os.fsencode(cwd),
+            env=env,
+            lifetime=lifetime,
+        )
+    finally:
+        os.close(program)
     assert posted.done() and posted.exception() is None  # written at once: no await needed
 
 
@@ -210,13 +215,14 @@ def test_exit_codes_signal_deaths_and_exec_failures_are_answered() -> None:
     def go(launcher: Launcher) -> None:
         authorize(launcher, "code", ["/bin/sh", "-c", "exit 42"])
         authorize(launcher, "sig", ["/bin/sh", "-c", "kill -TERM $$"])
-        authorize(launcher, "missing", ["/nonexistent/program", "arg"])
+        with tempfile.NamedTemporaryFile(prefix="egt-noexec") as plain:  # no x bits
+            authorize(launcher, "noexec", [plain.name, "arg"])
+            noexec = simple_claim(launcher, "noexec").answer()
         assert simple_claim(launcher, "code").answer() == ("exit", "42")
         assert simple_claim(launcher, "sig").answer() == ("signal", str(int(signal.SIGTERM)))
-        assert simple_claim(launcher, "missing").answer() == (
+        assert noexec == (
             "deny",
-            "execgate: cannot run /nonexistent/program arg: "
-            "exec /nonexistent/program: No such file or directory",
+            f"execgate: cannot run {plain.name} arg: exec {plain.name}: Permission denied",
         )
 
     scenario(go)
@@ -238,6 +244,30 @@ def test_unknown_expired_reused_and_foreign_tickets_are_denied() -> None:
             c.claim("theirs", {0: null.fileno()}, token=b"cd" * 16)
         assert c.answer() == ("deny", "execgate: claim not from this session")
         assert simple_claim(launcher, "theirs").answer() == unknown  # used up by that attempt
+
+    scenario(go)
+
+
+def test_outstanding_tickets_are_bounded_and_hold_their_program() -> None:
+    """Each ticket keeps the judged program's descriptor: at most 256 are outstanding (the
+    oldest goes), and a ticket runs its file even after the path names another one."""
+    unknown = ("deny", "execgate: escalation ticket unknown or expired")
+
+    def go(launcher: Launcher) -> None:
+        with tempfile.TemporaryDirectory(prefix="egt-tk") as tmp:
+            prog = Path(tmp) / "prog"
+            shutil.copy2("/bin/true", prog)
+            authorize(launcher, "judged", [str(prog)])
+            shutil.copy2("/bin/false", Path(tmp) / "other")
+            os.replace(Path(tmp) / "other", prog)  # the path now names another file
+            assert simple_claim(launcher, "judged").answer() == ("exit", "0")
+        for i in range(300):
+            authorize(launcher, f"t{i}", ["/bin/true"])
+        # (the newest first: its claim makes the launcher read every pending authorization)
+        assert simple_claim(launcher, "t299").answer() == ("exit", "0")
+        assert simple_claim(launcher, "t0").answer() == unknown  # dropped: the oldest
+        own = len(os.listdir(f"/proc/{launcher.pid}/fd"))
+        assert own < 256 + 32, own  # the descriptors of dropped tickets were closed
 
     scenario(go)
 

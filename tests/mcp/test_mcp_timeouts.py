@@ -18,7 +18,12 @@ MODES = ["legacy", "auto"]
 
 
 def _rules_allowing_the_sleeper(mcp: Mcp) -> None:
-    mcp.write_rules(f'prefix_rule(["{mcp.sleeper}"], "allow")\n')
+    # It lives outside the host's trusted PATH: host_executable says which file the name means
+    # (an escalation needs a rule that names the very file that runs).
+    mcp.write_rules(
+        f'host_executable(name="{mcp.sleeper}", paths=["{mcp.bin / mcp.sleeper}"])\n'
+        f'prefix_rule(["{mcp.sleeper}"], "allow")\n'
+    )
 
 
 def test_timeout_kills_everything_and_keeps_the_output(mcp: Mcp) -> None:

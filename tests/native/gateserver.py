@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from execgate.gate import protocol as P
+from execgate.gate.identity import IdentityError, inspect_descriptors
 
 MSG_CMSG_CLOEXEC = 0x40000000
 
@@ -55,11 +56,63 @@ class Close:
     """Close the connection without answering."""
 
 
+@dataclass(frozen=True)
+class Request:
+    """An exec request as the server sees it: the client's fields, and what the server read
+    from the descriptors that came with it (realpath, dev, ino, the #! chain)."""
+
+    token: bytes
+    via: str
+    pid: int
+    ppid: int
+    cwd: bytes
+    path: bytes
+    argv: tuple[bytes, ...]
+    realpath: bytes
+    dev: int
+    ino: int
+    interp: bytes  # the script's own #! interpreter ("" for no script)
+    interp_arg: bytes
+    interpreters: tuple[tuple[bytes, bytes, bytes], ...]  # (name, arg, realpath) per level
+    nfds: int
+    refused: str  # why the descriptors were refused ("" if they were fine)
+
+    @classmethod
+    def received(cls, req: Request, fds: list[int]) -> Request:
+        realpath, dev, ino, chain, refused = b"", 0, 0, (), ""
+        try:
+            program, interpreters = inspect_descriptors(fds, req.interpreters)
+        except IdentityError as exc:
+            refused = str(exc)
+        else:
+            realpath, dev, ino = os.fsencode(program.realpath), program.dev, program.ino
+            chain = tuple(
+                (os.fsencode(i.name), os.fsencode(i.arg), os.fsencode(i.file.realpath))
+                for i in interpreters
+            )
+        first = req.interpreters[0] if req.interpreters else (b"", b"")
+        return cls(
+            token=req.token, via=req.via, pid=req.pid, ppid=req.ppid, cwd=req.cwd,
+            path=req.path, argv=req.argv, realpath=realpath, dev=dev, ino=ino,
+            interp=first[0], interp_arg=first[1], interpreters=chain, nfds=len(fds),
+            refused=refused,
+        )  # fmt: skip
+
+    def runs(self) -> tuple[bytes, list[bytes]]:
+        """The file that runs and its argv (the last interpreter for a script)."""
+        if not self.interpreters:
+            return self.realpath or self.path, list(self.argv) or [self.path]
+        words = [self.path, *self.argv[1:]]
+        for name, arg, _ in self.interpreters:
+            words = [name, *([arg] if arg else []), *words]
+        return self.interpreters[-1][2], words
+
+
 Answer = Run | Deny | Escalate | Raw | Close
-Rule = Callable[[P.ExecRequest], Answer]
+Rule = Callable[[Request], Answer]
 
 
-def name_of(req: P.ExecRequest) -> str:
+def name_of(req: Request) -> str:
     return os.path.basename(os.fsdecode(req.realpath or req.path))
 
 
@@ -68,11 +121,11 @@ def deny_names(*names: str, escalate: tuple[str, ...] = ()) -> Rule:
     A script is judged by its interpreter too: the kernel starts the interpreter without an exec
     the interposer could see, so the server must look at INTERP."""
 
-    def rule(req: P.ExecRequest) -> Answer:
+    def rule(req: Request) -> Answer:
         given = os.path.basename(os.fsdecode(req.path))
         real = name_of(req)
-        interp = os.path.basename(os.fsdecode(req.interp))
-        if given in names or real in names or (interp and interp in names):
+        interps = {os.path.basename(os.fsdecode(n)) for i in req.interpreters for n in (i[0], i[2])}
+        if given in names or real in names or interps & set(names):
             cmd = " ".join(os.fsdecode(a) for a in req.argv)
             return Deny(f"execgate: denied: {cmd}: forbidden by test rule")
         if given in escalate or real in escalate:
@@ -109,7 +162,7 @@ def encode_snapshot(
 
 @dataclass
 class Escalation:
-    request: P.ExecRequest
+    request: Request
     claim: P.ClaimRequest | None = None
     claimer_pid: int | None = None  # SO_PEERCRED of the claim connection
     claimer_exe: str | None = None  # what the claimer was running: the caller or the wrapper
@@ -157,7 +210,7 @@ class GateServer:
         self.snap_path = self.dir / "policy.snap"
         self.token = secrets.token_hex(16)
         self.rule: Rule = lambda req: Run()
-        self.requests: list[P.ExecRequest] = []
+        self.requests: list[Request] = []
         self.escalations: list[Escalation] = []
         self.tickets: dict[bytes, Escalation] = {}
         self.errors: list[str] = []
@@ -211,11 +264,9 @@ class GateServer:
         with self.lock:
             self.requests.clear()
 
-    def wait_for_request(
-        self, pred: Callable[[P.ExecRequest], bool], timeout: float = 30
-    ) -> P.ExecRequest:
+    def wait_for_request(self, pred: Callable[[Request], bool], timeout: float = 30) -> Request:
         with self.request_seen:
-            found: list[P.ExecRequest] = []
+            found: list[Request] = []
 
             def check() -> bool:
                 found[:] = [r for r in self.requests if pred(r)]
@@ -264,9 +315,12 @@ class GateServer:
                 payload, fds = got
                 fields = P.split_payload(payload)
                 if fields[0] == b"exec" and not claims:
-                    for fd in fds:
-                        os.close(fd)
-                    self._exec(conn, P.parse_exec_request(fields))
+                    try:
+                        req = Request.received(P.parse_exec_request(fields), fds)
+                    finally:
+                        for fd in fds:
+                            os.close(fd)
+                    self._exec(conn, req)
                 elif fields[0] == b"claim" and claims:
                     self._claim(conn, P.parse_claim(fields), fds)
                 else:
@@ -280,17 +334,20 @@ class GateServer:
 
                 self.errors.append(repr(exc) + traceback.format_exc())
 
-    def _exec(self, conn: socket.socket, req: P.ExecRequest) -> None:
+    def _exec(self, conn: socket.socket, req: Request) -> None:
         # the asking process may have died meanwhile (killed by the test)
         with contextlib.suppress(BrokenPipeError):
             self._answer(conn, req)
 
-    def _answer(self, conn: socket.socket, req: P.ExecRequest) -> None:
+    def _answer(self, conn: socket.socket, req: Request) -> None:
         with self.request_seen:
             self.requests.append(req)
             self.request_seen.notify_all()
         if req.token != self.token.encode():
             conn.sendall(P.encode_deny("execgate: denied: wrong token"))
+            return
+        if req.refused:
+            conn.sendall(P.encode_deny(f"execgate: denied: {req.refused}"))
             return
         answer = self.rule(req)
         if isinstance(answer, Run):
@@ -333,10 +390,11 @@ class GateServer:
             for entry in claim.env:
                 k, _, v = entry.partition(b"=")
                 env[k] = v
+            program, argv = req.runs()
             try:
                 pid = os.posix_spawn(
-                    req.realpath or req.path,
-                    list(req.argv) or [req.path],
+                    program,
+                    argv,
                     env,
                     file_actions=actions,
                     setsigdef=(signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE, signal.SIGTERM),

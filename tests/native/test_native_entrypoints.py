@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from .gateserver import Deny, Run
-from .support import Gate, marker
+from .support import Gate, copy_binary, marker
 
 EXEC_VIAS = [
     "execve",
@@ -51,10 +51,13 @@ def test_entry_point_allowed(gate: Gate, cprog, via: str) -> None:  # type: igno
 @pytest.mark.parametrize("via", EXEC_VIAS)
 def test_entry_point_denied(gate: Gate, cprog, via: str) -> None:  # type: ignore[no-untyped-def]
     r = gate.run([cprog("entry"), via, prog_arg(gate, via, "forbidden"), "x"])
-    assert r.returncode == 99
-    assert r.stdout.startswith(b"ret=13" if via.startswith("posix_spawn") else b"errno=13")
     if via.startswith("posix_spawn"):
-        assert b"errno-unchanged=1" in r.stdout  # posix_spawn returns the error, errno untouched
+        # posix_spawn starts the wrapper, which decides in the child: the spawn succeeds and
+        # the child exits 126 with the denial line (a path is never executed unchecked).
+        assert r.returncode == 126 and r.stdout == b""
+    else:
+        assert r.returncode == 99
+        assert r.stdout.startswith(b"errno=13")
     assert r.stderr.startswith(b"execgate: denied: ")
     assert r.stderr.endswith(b"forbidden x: forbidden by test rule\n")
     assert not gate.forbidden_ran()
@@ -96,8 +99,8 @@ def test_popen(gate: Gate, cprog) -> None:  # type: ignore[no-untyped-def]
     r = gate.run([entry, "popen-e", "-"])
     assert r.stdout == b"cloexec=1\nplain-cloexec=0\nbad-mode=1 errno=22\n"
     gate.server.rule = lambda q: Deny("execgate: denied: no popen") if q.via == "popen" else Run()
-    r = gate.run([entry, "popen-r", "allowed x"])
-    assert r.stdout == b"errno=13\n" and r.stderr == b"execgate: denied: no popen\n"
+    r = gate.run([entry, "popen-r", "allowed x"])  # decided in the child: a shell exiting 126
+    assert r.stdout == b"status=32256\n" and r.stderr == b"execgate: denied: no popen\n"
 
 
 def test_threads_and_vfork(gate: Gate, cprog) -> None:  # type: ignore[no-untyped-def]
@@ -292,21 +295,44 @@ def test_exec_from_signal_handler_context(gate: Gate) -> None:
     _ = signal
 
 
-def test_script_swapped_during_check_is_refused(gate: Gate) -> None:
-    """Scripts run by path (the interpreter needs it): a path that names another file by the
-    time of the exec is refused instead of running the substitute."""
+def test_script_swapped_during_check_runs_judged_interpreter(gate: Gate) -> None:
+    """A script runs as its judged interpreter's descriptor: a path swapped for another
+    program after the check is only read by that interpreter, never executed."""
     good = marker(gate.work, "good.sh", "echo good")
     link = gate.work / "s"
     os.symlink(good, link)
+    elf = copy_binary("/bin/true", gate.bin / "forbidden-elf")
 
     def swap(req):  # type: ignore[no-untyped-def]
         if req.path.endswith(b"/s"):
-            os.symlink(gate.bin / "forbidden", gate.work / "s.tmp")
+            os.symlink(elf, gate.work / "s.tmp")
             os.replace(gate.work / "s.tmp", link)
         return Run()
 
     gate.server.rule = swap
     r = gate.sh("./s; echo rc=$?")
-    assert r.stdout == b"rc=126\n"
-    assert b"the program was replaced while it was being checked" in r.stderr
-    assert not gate.forbidden_ran()
+    assert b"rc=0" not in r.stdout  # sh read an ELF as a script and failed
+    assert [q.path.endswith(b"/s") for q in gate.server.requests] == [True]  # nothing else ran
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "#!/bin/sh",
+        "#! /bin/sh",
+        "#!/bin/sh -e",
+        "#!\t/bin/sh\t-e  ",
+        "#!/usr/bin/env -S sh -e",
+        "#!/bin/sh " + "-e" + " " * 300,  # longer than the kernel's 256-byte buffer
+    ],
+)
+def test_the_server_reads_every_shebang_as_the_client_does(gate: Gate, line: str) -> None:
+    """The client executes the interpreter as it parsed the #! line, the server judges its own
+    reading of the same descriptor: both parsers are the kernel's, so they always agree."""
+    script = gate.work / "odd"
+    script.write_text(f"{line}\necho ran\n")
+    script.chmod(0o755)
+    r = gate.run(["/bin/sh", "-c", "./odd"])
+    assert (r.returncode, r.stdout) == (0, b"ran\n"), r.stderr
+    (req,) = [q for q in gate.server.requests if q.path.endswith(b"/odd")]
+    assert req.refused == "" and req.interpreters, req

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
+from execgate.gate.identity import FileId, files_named_by
 from execgate.gate.program import GatedExec, commands_to_judge, is_loader
 from execgate.policy import Decision, Evaluation, Policy, RuleMatch
 
@@ -32,6 +33,9 @@ class Judgement:
     decision: Decision | None
     command: list[str]  # the command that decided (for messages)
     evaluation: Evaluation | None
+    # The identity of the file the deciding command's program stands for (None: unknown, e.g.
+    # the dynamic loader's target): an escalation needs the rule to name this very file.
+    file: FileId | None = None
 
     @property
     def matches(self) -> list[RuleMatch]:
@@ -65,13 +69,38 @@ def judge(
     policy: Policy, exec_: GatedExec, aliases: dict[tuple[int, int], tuple[str, ...]]
 ) -> Judgement:
     best = Judgement(decision=None, command=[exec_.path, *exec_.argv[1:]], evaluation=None)
-    for command in commands_to_judge(exec_, aliases=aliases):
+    for command, file in commands_to_judge(exec_, aliases=aliases):
         evaluation = policy.evaluate(command, cwd=exec_.cwd, resolve_host_executables=True)
         if evaluation.decision is not None and (
             best.decision is None or evaluation.decision > best.decision
         ):
-            best = Judgement(evaluation.decision, command, evaluation)
+            best = Judgement(evaluation.decision, command, evaluation, file)
     return best
+
+
+def names_file_that_runs(
+    policy: Policy, exec_: GatedExec, judgement: Judgement, cache: dict[str, set[FileId]]
+) -> str:
+    """Why this judgement may not let the program out of the sandbox ("" if it may).
+
+    Names are the caller's claims (``cp /tmp/evil ./ls`` is named ``ls``): an escalation is
+    earned only by a deciding rule whose program token names the very file that runs."""
+    judged = judgement.file  # the script or one of its interpreters, or the program
+    if judged is None:
+        return "not escalated: the command that matched does not name the file that runs"
+    tokens = dict.fromkeys(m.rule.program for m in judgement.deciding_matches())
+    hosts = policy.host_executables
+    for token in tokens:
+        if "/" in token:  # relative tokens depend on the cwd: not cached
+            named = files_named_by(token, cwd=exec_.cwd, host_executables=hosts)
+        else:
+            if token not in cache:
+                cache[token] = files_named_by(token, cwd="/", host_executables=hosts)
+            named = cache[token]
+        if judged in named:
+            return ""
+    shown = exec_.realpath or exec_.path
+    return f"not escalated: {shown} is not the file the rule names ({', '.join(tokens)})"
 
 
 class JudgementCache:
@@ -92,7 +121,7 @@ class JudgementCache:
     def judge(
         self, policy: Policy, exec_: GatedExec, aliases: dict[tuple[int, int], tuple[str, ...]]
     ) -> Judgement:
-        if exec_.interp or is_loader(exec_.realpath or exec_.path):
+        if exec_.interpreters or is_loader(exec_.realpath or exec_.path):
             return judge(policy, exec_, aliases)
         if policy is not self._policy or len(self._entries) >= self.LIMIT:
             self._entries.clear()
@@ -144,7 +173,8 @@ class Asker(Protocol):
 @dataclass(frozen=True, slots=True)
 class Action:
     verdict: Verdict
-    reason: str = ""  # deny: the text after "execgate: denied: <cmd>: "
+    # deny: the text after "execgate: denied: <cmd>: "; run: why it was not escalated
+    reason: str = ""
     approval: ApprovalRequest | None = None  # ask: the question
 
 
@@ -196,11 +226,18 @@ class PolicyEscalation:
         self._on_prompt_deny = on_prompt_deny
         self.approvals = SessionApprovals()
         self._judgements = JudgementCache()
+        self._named: dict[str, set[FileId]] = {}  # bare rule name -> files (this policy's)
+        self._named_policy: Policy | None = None
 
-    @staticmethod
-    def _allowed(confined: bool) -> Action:
+    def _allowed(self, exec_: GatedExec, judgement: Judgement, confined: bool) -> Action:
         # Outside the sandbox already (or no sandbox): running in place is escalation enough.
-        return Action(Verdict.ESCALATE if confined else Verdict.RUN)
+        if not confined:
+            return Action(Verdict.RUN)
+        policy = self._policy()
+        if policy is not self._named_policy:
+            self._named, self._named_policy = {}, policy
+        why_not = names_file_that_runs(policy, exec_, judgement, self._named)
+        return Action(Verdict.RUN, why_not) if why_not else Action(Verdict.ESCALATE)
 
     def decide(self, exec_: GatedExec, *, confined: bool) -> Action:
         judgement = self._judgements.judge(self._policy(), exec_, self._aliases())
@@ -210,10 +247,10 @@ class PolicyEscalation:
             why = judgement.justification() or "forbidden by policy"
             return Action(Verdict.DENY, f"{why} (rule {judgement.rule_locations()})")
         if judgement.decision == Decision.ALLOW:
-            return self._allowed(confined)
+            return self._allowed(exec_, judgement, confined)
         # PROMPT
         if self.approvals.covers(judgement) or self._user_approves(judgement):
-            return self._allowed(confined)
+            return self._allowed(exec_, judgement, confined)
         prefix = _approval_prefix(judgement)
         request = ApprovalRequest(
             id=f"{next(_ids)}",
@@ -234,7 +271,7 @@ class PolicyEscalation:
             self.approvals.prefixes.update(
                 tuple(m.matched_prefix) for m in request.judgement.deciding_matches()
             )
-        return self._allowed(confined)
+        return self._allowed(request.exec, request.judgement, confined)
 
 
 def _approval_prefix(judgement: Judgement) -> tuple[str, ...]:

@@ -303,14 +303,17 @@ class Launcher:
         token: bytes,
         display: str,
         path: bytes,
+        program: int,
         argv: Sequence[bytes],
         cwd: bytes,
         env: EnvRules,
         lifetime: float = TICKET_LIFETIME,
     ) -> asyncio.Future[None]:
         """Let ``ticket`` be claimed once, within ``lifetime`` seconds, by a claimer presenting
-        ``token``: the launcher then runs ``path`` unconfined with ``argv`` in ``cwd``, on the
-        claimer's descriptors and its environment passed through ``env`` (§4, §7).
+        ``token``: the launcher then executes the descriptor ``program`` (the file that was
+        judged; ``path`` names it in messages) unconfined with ``argv`` in ``cwd``, on the
+        claimer's descriptors and its environment passed through ``env`` (§4, §7). ``program``
+        stays the caller's: a duplicate travels.
 
         Posted, not awaited: the returned future is already done when the message went out at
         once (the usual case), so an answer sent to the client after this call cannot overtake
@@ -329,7 +332,13 @@ class Launcher:
             argv=argv,
             env=env,
         )
-        return self._enqueue(frame)
+        copy = os.dup(program)  # ours until it is written; the launcher keeps its own
+        posted = self._enqueue(frame, [copy])
+        if posted is self._written:
+            os.close(copy)
+        else:
+            posted.add_done_callback(lambda _: os.close(copy))
+        return posted
 
     async def shutdown(self, grace: float = 0.5) -> None:
         """SIGTERM every process of the session, SIGKILL what is left after ``grace`` seconds,
@@ -369,9 +378,9 @@ class Launcher:
             done = self._loop.create_future()
             done.set_exception(LauncherError("the session launcher is not running"))
             return done
-        if not self._outgoing and not fds:  # the usual case: straight into the socket
+        if not self._outgoing:  # the usual case: straight into the socket
             try:
-                sent = self._channel.sock.send(frame)
+                sent = self._sendmsg(frame, fds)
             except BlockingIOError:
                 sent = 0
             except OSError as exc:
@@ -380,28 +389,29 @@ class Launcher:
                 return done
             if sent == len(frame):
                 return self._written
-            frame = frame[sent:]
+            if sent:
+                frame, fds = frame[sent:], ()  # the descriptors went with the first byte
         done = self._loop.create_future()
         self._outgoing.append(_Outgoing(frame, fds, done))
         if len(self._outgoing) == 1:
             self._write()
         return done
 
+    def _sendmsg(self, data: bytes | memoryview, fds: Sequence[int]) -> int:
+        if not fds:
+            return self._channel.sock.send(data)
+        rights = array.array("i", fds)
+        return self._channel.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+
     def _write(self) -> None:
-        sock = self._channel.sock
         while self._outgoing:
             item = self._outgoing[0]
             try:
-                if item.fds:
-                    rights = array.array("i", item.fds)
-                    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)]
-                    sent = sock.sendmsg([item.data], ancillary)
-                    item.fds = []
-                else:
-                    sent = sock.send(item.data)
+                sent = self._sendmsg(item.data, item.fds)
+                item.fds = []
             except BlockingIOError:
                 if not self._writing:
-                    self._loop.add_writer(sock.fileno(), self._write)
+                    self._loop.add_writer(self._channel.sock.fileno(), self._write)
                     self._writing = True
                 return
             except OSError as exc:

@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from execgate.gate.identity import ExecFile, FileId, Interpreter
 from execgate.gate.protocol import ExecRequest
 from execgate.policy.codex_text import render_command
 
@@ -41,35 +42,57 @@ def is_loader(path: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class GatedExec:
-    """One exec request, decoded for policy (paths and argv as ``str`` via ``os.fsdecode``)."""
+    """One exec request, decoded for policy (paths and argv as ``str`` via ``os.fsdecode``).
 
-    path: str  # absolute, as the kernel gets it
-    realpath: str  # canonical, or "" when unknown
+    ``path``, ``argv`` and the interpreters' names are what the caller said; ``realpath``,
+    ``dev``, ``ino`` and each interpreter's file are what the server read from the descriptors
+    that will be executed.
+    """
+
+    path: str  # absolute, as the caller named it
+    realpath: str  # canonical path of the file that runs, or "" when unknown
     dev: int
     ino: int
     argv: tuple[str, ...]
     cwd: str
-    interp: str
-    interp_arg: str
+    interpreters: tuple[Interpreter, ...]  # the #! chain, outermost first
     pid: int
     ppid: int
     via: str
 
     @classmethod
-    def from_request(cls, req: ExecRequest) -> GatedExec:
+    def from_request(
+        cls, req: ExecRequest, program: ExecFile, interpreters: tuple[Interpreter, ...]
+    ) -> GatedExec:
         return cls(
             path=os.fsdecode(req.path),
-            realpath=os.fsdecode(req.realpath),
-            dev=req.dev,
-            ino=req.ino,
+            realpath=program.realpath,
+            dev=program.dev,
+            ino=program.ino,
             argv=tuple(map(os.fsdecode, req.argv)),
             cwd=os.fsdecode(req.cwd),
-            interp=os.fsdecode(req.interp),
-            interp_arg=os.fsdecode(req.interp_arg),
+            interpreters=interpreters,
             pid=req.pid,
             ppid=req.ppid,
             via=req.via,
         )
+
+    @property
+    def file_id(self) -> FileId:
+        """The identity of the file that runs (the last interpreter, for a script)."""
+        if self.interpreters:
+            return self.interpreters[-1].file.id
+        return (self.dev, self.ino)
+
+    def exec_argv(self, script: str | None = None) -> list[str]:
+        """The argv the file that runs gets: for a script what binfmt_script would build,
+        ``[INTERP, (ARG), SCRIPT, ARGV[1:]…]`` nested once per interpreter, ``SCRIPT`` being
+        ``script`` (default: the path as the caller named it)."""
+        named = script or self.path
+        words = [named, *self.argv[1:]] if self.interpreters else list(self.argv)
+        for interp in self.interpreters:
+            words = [interp.name, *([interp.arg] if interp.arg else []), *words]
+        return words
 
     def display(self, limit: int = 300) -> str:
         """The command as a person would recognise it (for one-line messages)."""
@@ -108,24 +131,6 @@ def _loader_target(argv: tuple[str, ...]) -> tuple[str, list[str]] | None:
     return argv[i], list(argv[i + 1 :])
 
 
-_MAX_INTERPRETER_DEPTH = 4
-
-
-def shebang(path: str) -> tuple[str, str]:
-    """The ``#!`` interpreter and its optional argument, as the kernel parses them, or
-    ``("", "")`` when ``path`` is not a script (or cannot be read)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(256)
-    except OSError:
-        return "", ""
-    if not head.startswith(b"#!"):
-        return "", ""
-    line = head[2:].split(b"\n", 1)[0].strip(b" \t\r")
-    interp, _, arg = line.replace(b"\t", b" ").partition(b" ")
-    return os.fsdecode(interp), os.fsdecode(arg.strip(b" \t"))
-
-
 def _resolve(program: str, cwd: str, search_path: str) -> str:
     if "/" in program:
         return posixpath.normpath(posixpath.join(cwd, program))
@@ -136,44 +141,54 @@ def _resolve(program: str, cwd: str, search_path: str) -> str:
     return program
 
 
+# A command to judge and the identity of the file its program token stands for there (None:
+# a file the server cannot pin down, such as the dynamic loader's target, opened by path).
+Judged = tuple[list[str], FileId | None]
+
+
 def commands_to_judge(
     exec_: GatedExec,
     *,
-    aliases: Mapping[tuple[int, int], tuple[str, ...]] = {},
+    aliases: Mapping[FileId, tuple[str, ...]] = {},
     search_path: str = "/usr/local/bin:/usr/bin:/bin",
-) -> list[list[str]]:
+) -> list[Judged]:
     """Every command whose policy decision applies to this exec, most literal first.
 
     ``aliases`` maps a file identity ``(dev, ino)`` to the program names rules use for it, so a
     hard link under another name is judged as the program it is.
     """
     rest = list(exec_.argv[1:])
-    commands = [[name, *rest] for name in _names(exec_.path, exec_.realpath)]
-    for alias in aliases.get((exec_.dev, exec_.ino), ()):
-        commands.append([alias, *rest])
-    # What the kernel really runs for a script: INTERP [ARG] SCRIPT ARGS…, where INTERP may
-    # itself be a script (the kernel follows up to 4 levels; so do we).
-    interp, interp_arg, script_command = exec_.interp, exec_.interp_arg, [exec_.path, *rest]
-    for _ in range(_MAX_INTERPRETER_DEPTH):
-        if not interp:
-            break
-        script_command = [interp, *([interp_arg] if interp_arg else []), *script_command]
-        commands.append(script_command)
-        interp, interp_arg = shebang(posixpath.join(exec_.cwd, interp))
+    program_id = (exec_.dev, exec_.ino)
+    commands: list[Judged] = [
+        ([name, *rest], program_id) for name in _names(exec_.path, exec_.realpath)
+    ]
+    commands += [([alias, *rest], program_id) for alias in aliases.get(program_id, ())]
+    # What the kernel would run for a script: INTERP [ARG] SCRIPT ARGS…, where INTERP may itself
+    # be a script. Each interpreter is judged like a program: by the name in the #! line, by its
+    # canonical path and by every rule name of its identity (a symlink or hard link).
+    script_command = [exec_.path, *rest]
+    for interp in exec_.interpreters:
+        tail = [*([interp.arg] if interp.arg else []), *script_command]
+        file = interp.file
+        names = _names(posixpath.join(exec_.cwd, interp.name), file.realpath)
+        names += list(aliases.get(file.id, ()))
+        if interp.name not in names:
+            names.insert(0, interp.name)
+        commands += [([name, *tail], file.id) for name in names]
+        script_command = [interp.name, *tail]
     if is_loader(exec_.realpath or exec_.path):
         target = _loader_target(exec_.argv)
         if target is not None:
             program, args = target
             resolved = _resolve(program, exec_.cwd, search_path)
             real = os.path.realpath(resolved) if resolved.startswith("/") else ""
-            commands.extend([name, *args] for name in _names(resolved, real))
+            commands.extend(([name, *args], None) for name in _names(resolved, real))
             try:
                 st = os.stat(resolved)
             except OSError:
                 pass
             else:
-                for alias in aliases.get((st.st_dev, st.st_ino), ()):
-                    commands.append([alias, *args])
+                commands += [([a, *args], None) for a in aliases.get((st.st_dev, st.st_ino), ())]
     return commands
 
 

@@ -16,6 +16,8 @@ TAG = b"EG1"
 HEADER = struct.Struct("<I")
 MAX_PAYLOAD = 16 << 20
 MAX_FDS = 253
+# #! levels an exec request may carry (the kernel follows at most four).
+MAX_INTERPRETERS = 4
 
 Field = bytes | str | int
 
@@ -88,29 +90,35 @@ def _counted(fields: list[bytes], at: int, what: str) -> tuple[tuple[bytes, ...]
 
 @dataclass(frozen=True, slots=True)
 class ExecRequest:
-    """A process asking whether it may execute a program (protocol §3)."""
+    """A process asking whether it may execute a program (protocol §3).
+
+    Everything here is a claim of the asking process. What runs are the descriptors that came
+    with the request (the program, then one per ``#!`` interpreter); the server derives the
+    files' identities from those (:mod:`execgate.gate.identity`).
+    """
 
     token: bytes
     via: str
     pid: int
     ppid: int
     cwd: bytes
-    path: bytes
-    realpath: bytes
-    dev: int
-    ino: int
-    interp: bytes
-    interp_arg: bytes
+    path: bytes  # the program as named (a claim: it may only add rule matches)
+    interpreters: tuple[tuple[bytes, bytes], ...]  # (name, argument) of each #! level
     argv: tuple[bytes, ...]
 
 
-_ARGC_INDEX = 12  # kind, then 11 fields, then ARGC
+_NINTERP_INDEX = 7  # kind, token, via, pid, ppid, cwd, path, then NINTERP
 
 
 def parse_exec_request(fields: list[bytes]) -> ExecRequest:
-    if len(fields) <= _ARGC_INDEX or fields[0] != b"exec":
+    if len(fields) <= _NINTERP_INDEX or fields[0] != b"exec":
         raise ProtocolError("malformed exec request")
-    argv, end = _counted(fields, _ARGC_INDEX, "argv")
+    ninterp = parse_int(fields[_NINTERP_INDEX], "interpreter count")
+    argc_at = _NINTERP_INDEX + 1 + 2 * ninterp
+    if not 0 <= ninterp <= MAX_INTERPRETERS or argc_at >= len(fields):
+        raise ProtocolError("bad interpreter count")
+    pairs = fields[_NINTERP_INDEX + 1 : argc_at]
+    argv, end = _counted(fields, argc_at, "argv")
     if end != len(fields):
         raise ProtocolError("trailing fields after argv")
     return ExecRequest(
@@ -120,20 +128,16 @@ def parse_exec_request(fields: list[bytes]) -> ExecRequest:
         ppid=parse_int(fields[4], "ppid"),
         cwd=fields[5],
         path=fields[6],
-        realpath=fields[7],
-        dev=parse_int(fields[8], "dev"),
-        ino=parse_int(fields[9], "ino"),
-        interp=fields[10],
-        interp_arg=fields[11],
+        interpreters=tuple(zip(pairs[0::2], pairs[1::2], strict=True)),
         argv=argv,
     )
 
 
 def encode_exec_request(req: ExecRequest) -> bytes:
-    head: list[Field] = [
-        req.token, req.via, req.pid, req.ppid, req.cwd, req.path, req.realpath,
-        req.dev, req.ino, req.interp, req.interp_arg,
-    ]  # fmt: skip
+    head: list[Field] = [req.token, req.via, req.pid, req.ppid, req.cwd, req.path]
+    head.append(len(req.interpreters))
+    for name, arg in req.interpreters:
+        head += [name, arg]
     return encode_fields("exec", head, [req.argv])
 
 

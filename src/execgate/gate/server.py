@@ -2,25 +2,30 @@
 
 This is the per-exec hot path on the Python side, so it stays off asyncio's stream machinery:
 the listening socket is watched with ``add_reader``; each accepted connection is read once with
-``recv`` (a request is one small frame, already sent by the time we accept) and answered
-synchronously when the decision needs no human. Only big requests and questions to a human
-become tasks. Escalation claims do not come here: the launcher serves them (protocol §4).
+``recvmsg`` (a request is one small frame, already sent by the time we accept, with the
+descriptors of the files it would run) and answered synchronously when the decision needs no
+human. Only big requests and questions to a human become tasks; how many big requests may be
+arriving at once, for how long and how many bytes they may hold is bounded (a gated process
+must not make the server grow without limit: excess connections are closed, and the client
+fails closed). Escalation claims do not come here: the launcher serves them (protocol §4).
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import logging
 import os
 import socket
 import struct
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from execgate.gate.protocol import (
     HEADER,
+    MAX_INTERPRETERS,
     MAX_PAYLOAD,
     ExecRequest,
     ProtocolError,
@@ -32,6 +37,14 @@ log = logging.getLogger("execgate.gate")
 
 _FIRST_READ = 65536
 _PEERCRED = struct.Struct("3i")
+_INT = array.array("i")
+# A request carries the program and one descriptor per #! interpreter.
+_MAX_REQUEST_FDS = 1 + MAX_INTERPRETERS
+# Requests that did not arrive in one read are held at most this many at a time, together at
+# most this many bytes (one maximal frame fits), each for at most this long.
+MAX_SLOW_REQUESTS = 8
+MAX_BUFFERED_BYTES = MAX_PAYLOAD + (1 << 20)
+SLOW_REQUEST_SECONDS = 30.0
 
 Answer = bytes | Awaitable[bytes]
 
@@ -48,9 +61,10 @@ class Peer:
 
 
 class RequestHandler(Protocol):
-    def answer_exec(self, request: ExecRequest, peer: Peer) -> Answer:
+    def answer_exec(self, request: ExecRequest, fds: Sequence[int], peer: Peer) -> Answer:
         """The framed answer to an exec request, or an awaitable of it (a human is asked, or
-        an escalation is being authorized)."""
+        an escalation is being authorized). ``fds``: the descriptors that came with it, open
+        until the answer has been sent."""
         ...
 
 
@@ -60,6 +74,8 @@ class GateServer:
         self._handler = handler
         self._uid = os.geteuid()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._slow: set[socket.socket] = set()  # requests still arriving
+        self._buffered = 0  # bytes those hold
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(os.fspath(path))
         # Connectable from inside the sandbox by the same user only (the folder is 0700).
@@ -115,61 +131,138 @@ class GateServer:
             log.warning("gate: refused a connection from uid %d (pid %d)", peer.uid, peer.pid)
             conn.close()
             return
-        # Exec requests carry no descriptors (claims go to the launcher's socket, §4); plain
-        # recv() has the kernel drop any a peer attached.
+        # The program's descriptors ride on the frame's first bytes (§2, §3).
         try:
-            data = conn.recv(_FIRST_READ)
+            data, fds = _recv_with_fds(conn, _FIRST_READ)
         except BlockingIOError:
-            data = b""
+            data, fds = b"", []
+        except (OSError, ProtocolError) as exc:
+            log.warning("gate: bad request from pid %d: %s", peer.pid, exc)
+            conn.close()
+            return
         if len(data) >= HEADER.size:
             (length,) = HEADER.unpack_from(data)
             if HEADER.size + length <= len(data) and 0 < length <= MAX_PAYLOAD:
-                self._dispatch(conn, data[HEADER.size : HEADER.size + length], peer)
+                self._dispatch(conn, data[HEADER.size : HEADER.size + length], fds, peer)
                 return
-        self._spawn(self._serve_slowly(conn, data, peer))
-
-    async def _serve_slowly(self, conn: socket.socket, data: bytes, peer: Peer) -> None:
-        """A request that did not arrive in one read (big argv, slow client)."""
-        buffer = bytearray(data)
-        try:
-            while True:
-                if len(buffer) >= HEADER.size:
-                    (length,) = HEADER.unpack_from(buffer)
-                    if not 0 < length <= MAX_PAYLOAD:
-                        raise ProtocolError(f"bad frame length {length}")
-                    if len(buffer) >= HEADER.size + length:
-                        break
-                chunk = await self._loop.sock_recv(conn, 1 << 20)
-                if not chunk:
-                    raise ProtocolError("connection closed mid-frame")
-                buffer += chunk
-        except (OSError, ProtocolError):
+        if len(self._slow) >= MAX_SLOW_REQUESTS:
+            # Memory is bounded per session: a process cannot make us hold many big frames.
+            log.info("gate: too many unfinished requests; closed one from pid %d", peer.pid)
+            _close_all(fds)
             conn.close()
             return
-        self._dispatch(conn, bytes(buffer[HEADER.size : HEADER.size + length]), peer)
+        self._slow.add(conn)
+        self._spawn(self._serve_slowly(conn, data, fds, peer))
 
-    def _dispatch(self, conn: socket.socket, payload: bytes, peer: Peer) -> None:
+    async def _serve_slowly(
+        self, conn: socket.socket, data: bytes, fds: list[int], peer: Peer
+    ) -> None:
+        """A request that did not arrive in one read (big argv, slow client), within a time
+        limit and the session's budget of buffered bytes."""
+        buffer = bytearray(data)
+        self._buffered += len(buffer)
+        try:
+            async with asyncio.timeout(SLOW_REQUEST_SECONDS):
+                while True:
+                    if len(buffer) >= HEADER.size:
+                        (length,) = HEADER.unpack_from(buffer)
+                        if not 0 < length <= MAX_PAYLOAD:
+                            raise ProtocolError(f"bad frame length {length}")
+                        if len(buffer) >= HEADER.size + length:
+                            break
+                    await self._readable(conn)
+                    try:
+                        if buffer:  # descriptors only ride on the first bytes: none now
+                            chunk = conn.recv(1 << 20)
+                        else:
+                            chunk, fds = _recv_with_fds(conn, 1 << 20)
+                    except BlockingIOError:
+                        continue
+                    if not chunk:
+                        raise ProtocolError("connection closed mid-frame")
+                    if self._buffered + len(chunk) > MAX_BUFFERED_BYTES:
+                        raise ProtocolError("the session's request buffers are full")
+                    self._buffered += len(chunk)
+                    buffer += chunk
+        except (OSError, ProtocolError, TimeoutError) as exc:
+            log.info("gate: dropped a request from pid %d: %s", peer.pid, exc or "timeout")
+            _close_all(fds)
+            conn.close()
+            return
+        finally:
+            self._buffered -= len(buffer)
+            self._slow.discard(conn)
+        self._dispatch(conn, bytes(buffer[HEADER.size : HEADER.size + length]), fds, peer)
+
+    async def _readable(self, conn: socket.socket) -> None:
+        ready: asyncio.Future[None] = self._loop.create_future()
+        fd = conn.fileno()
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        self._loop.add_reader(fd, wake)
+        try:
+            await ready
+        finally:
+            self._loop.remove_reader(fd)
+
+    def _dispatch(self, conn: socket.socket, payload: bytes, fds: list[int], peer: Peer) -> None:
         try:
             fields = split_payload(payload)
             if fields[0] != b"exec":  # claims go to the launcher's claim socket (§4)
                 raise ProtocolError(f"unknown message {fields[0][:20]!r}")
-            answer = self._handler.answer_exec(parse_exec_request(fields), peer)
-            if isinstance(answer, bytes):
-                _send_and_close(conn, answer)
-            else:
-                self._spawn(self._answer_later(conn, answer))
+            answer = self._handler.answer_exec(parse_exec_request(fields), fds, peer)
         except ProtocolError as exc:
             log.warning("gate: malformed request from pid %d: %s", peer.pid, exc)
+            _close_all(fds)
             conn.close()
+            return
+        except BaseException:
+            _close_all(fds)
+            raise
+        if isinstance(answer, bytes):
+            _close_all(fds)
+            _send_and_close(conn, answer)
+        else:
+            self._spawn(self._answer_later(conn, answer, fds))
 
-    async def _answer_later(self, conn: socket.socket, answer: Awaitable[bytes]) -> None:
+    async def _answer_later(
+        self, conn: socket.socket, answer: Awaitable[bytes], fds: list[int]
+    ) -> None:
         try:
             frame = await answer
             await self._loop.sock_sendall(conn, frame)
         except OSError:
             pass  # the asking process is gone
         finally:
+            _close_all(fds)
             conn.close()
+
+
+def _recv_with_fds(conn: socket.socket, size: int) -> tuple[bytes, list[int]]:
+    """Read what is there, with the descriptors attached to it (close-on-exec). More than a
+    request may carry is an error (the kernel may have dropped some: never judge a part)."""
+    data, ancillary, flags, _ = conn.recvmsg(
+        size, socket.CMSG_SPACE(_MAX_REQUEST_FDS * _INT.itemsize), socket.MSG_CMSG_CLOEXEC
+    )
+    fds: list[int] = []
+    for level, kind, blob in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(blob) - len(blob) % _INT.itemsize
+            fds.extend(array.array("i", blob[:usable]))
+    if flags & socket.MSG_CTRUNC or len(fds) > _MAX_REQUEST_FDS:
+        _close_all(fds)
+        raise ProtocolError("too many descriptors")
+    return data, fds
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
 
 
 def _send_and_close(conn: socket.socket, frame: bytes) -> None:

@@ -38,9 +38,10 @@ from execgate.gate.escalation import (
     Verdict,
     no_one_to_ask,
 )
+from execgate.gate.identity import ExecFile, IdentityError, describe_path, inspect_descriptors
 from execgate.gate.launcher import LaunchedProcess, Launcher, LauncherError
 from execgate.gate.livepolicy import LivePolicy
-from execgate.gate.program import GatedExec, shebang
+from execgate.gate.program import GatedExec
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import Answer, GateServer, Peer
 from execgate.sandbox import SandboxSpec
@@ -57,6 +58,10 @@ GATE_VARIABLES = (
     "EXEC_WRAPPER",
     "BASH_EXEC_WRAPPER",
 )
+
+
+# Stands for the program of a request whose descriptors were refused (for its denial line).
+_UNKNOWN_FILE = ExecFile(realpath="", dev=0, ino=0, shebang=None)
 
 
 class SessionDenied(ExecgateError):
@@ -351,30 +356,41 @@ class EscalationSession:
     def denial(exec_: GatedExec, reason: str) -> str:
         return f"execgate: denied: {exec_.display()}: {reason}"
 
-    def answer_exec(self, request: ExecRequest, peer: Peer) -> Answer:
-        exec_ = GatedExec.from_request(request)
+    def answer_exec(self, request: ExecRequest, fds: Sequence[int], peer: Peer) -> Answer:
+        """``fds``: the descriptors that came with the request (the program, then each
+        interpreter); they stay the server's and remain open until the answer is sent."""
         if request.token == self.token.encode():
             confined = self.confined
         elif request.token == self.escalated_token.encode():
             confined = False
         else:
             log.warning("gate: request with a foreign token from pid %d", peer.pid)
+            exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
             return protocol.encode_deny(self.denial(exec_, "request not from this session"))
+        try:
+            program, interpreters = inspect_descriptors(fds, request.interpreters)
+        except IdentityError as exc:
+            exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
+            log.info("gate: refused a request from pid %d: %s", peer.pid, exc)
+            if self.audit:
+                self.audit.record(exec_, Verdict.DENY.value, str(exc))
+            return protocol.encode_deny(self.denial(exec_, str(exc)))
+        exec_ = GatedExec.from_request(request, program, interpreters)
         if self.live.fail_closed_reason:
             action = Action(Verdict.DENY, self.live.fail_closed_reason)
         else:
             action = self.escalation.decide(exec_, confined=confined)
         if action.verdict == Verdict.ASK:
             assert action.approval is not None
-            return self._ask_then_answer(exec_, request, action.approval, confined)
+            return self._ask_then_answer(exec_, request, fds[-1], action.approval, confined)
         self._record(exec_, action)
-        return self._encode(exec_, request, action)
+        return self._encode(exec_, request, fds[-1], action)
 
-    def _encode(self, exec_: GatedExec, request: ExecRequest, action: Action) -> Answer:
+    def _encode(self, exec_: GatedExec, request: ExecRequest, runs: int, action: Action) -> Answer:
         if action.verdict == Verdict.RUN:
             return protocol.RUN
         if action.verdict == Verdict.ESCALATE:
-            return self._escalate(exec_, request)
+            return self._escalate(exec_, request, runs)
         return protocol.encode_deny(self.denial(exec_, action.reason))
 
     def _record(self, exec_: GatedExec, action: Action) -> None:
@@ -387,15 +403,22 @@ class EscalationSession:
                 exec_.cwd,
                 self.sandbox.describe() if self.sandbox else "off",
             )
+        elif action.verdict == Verdict.RUN and action.reason:
+            escalations.info("%s: %s", exec_.display(), action.reason)
         if self.audit:
             self.audit.record(exec_, action.verdict.value, action.reason)
 
     async def _ask_then_answer(
-        self, exec_: GatedExec, request: ExecRequest, approval: ApprovalRequest, confined: bool
+        self,
+        exec_: GatedExec,
+        request: ExecRequest,
+        runs: int,
+        approval: ApprovalRequest,
+        confined: bool,
     ) -> bytes:
         action = await self._ask(approval, confined=confined)
         self._record(exec_, action)
-        answer = self._encode(exec_, request, action)
+        answer = self._encode(exec_, request, runs, action)
         return answer if isinstance(answer, bytes) else await answer
 
     async def _ask(self, request: ApprovalRequest, *, confined: bool) -> Action:
@@ -427,18 +450,22 @@ class EscalationSession:
 
     # -- escalation ----------------------------------------------------------------------
 
-    def _escalate(self, exec_: GatedExec, request: ExecRequest) -> Answer:
+    def _escalate(self, exec_: GatedExec, request: ExecRequest, runs: int) -> Answer:
         """Authorize a ticket at the launcher, then hand it to the client, which claims it
         there (§4). The authorization is written to the launcher before the answer is sent,
-        so it is always there first."""
+        so it is always there first. ``runs``: the descriptor of the file that was judged
+        and will run (the last interpreter, for a script); the launcher executes exactly it."""
         ticket = secrets.token_hex(16)
         try:
             posted = self.launcher.authorize(
                 ticket,
                 token=request.token,
                 display=exec_.display(),
-                path=request.realpath or request.path,  # the file that was checked
-                argv=request.argv,
+                path=os.fsencode(exec_.realpath or exec_.path),  # for messages
+                program=runs,
+                # An escalated interpreter reads a script by its canonical path: the name the
+                # caller used could be re-pointed (a symlink in the workspace) before it does.
+                argv=[os.fsencode(word) for word in exec_.exec_argv(exec_.realpath)],
                 cwd=request.cwd,
                 env=self.escalated_env_rules(),
             )
@@ -496,19 +523,17 @@ def resolve_command(name: str, *, cwd: str, path: str) -> str:
 def describe_exec(program: str, argv: Sequence[str], *, cwd: str, via: str) -> GatedExec:
     """A :class:`GatedExec` for a program execgate itself is about to start."""
     try:
-        st = os.stat(program)
+        file, interpreters = describe_path(program, cwd)
     except OSError as exc:
         raise ExecgateError(f"{program}: {exc.strerror}", exit_status=127) from None
-    interp, interp_arg = shebang(program)
     return GatedExec(
         path=program,
-        realpath=os.path.realpath(program),
-        dev=st.st_dev,
-        ino=st.st_ino,
+        realpath=file.realpath,
+        dev=file.dev,
+        ino=file.ino,
         argv=tuple(argv),
         cwd=cwd,
-        interp=interp,
-        interp_arg=interp_arg,
+        interpreters=interpreters,
         pid=os.getpid(),
         ppid=os.getppid(),
         via=via,

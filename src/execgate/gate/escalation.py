@@ -9,12 +9,20 @@ terminal for ``execgate run``, MCP elicitation for ``execgate mcp``.
 from __future__ import annotations
 
 import itertools
+import posixpath
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
-from execgate.gate.program import GatedExec, commands_to_judge, is_loader
+from execgate.gate.program import (
+    GatedExec,
+    commands_to_judge,
+    files_that_run,
+    is_loader,
+    leaves_the_gate,
+    loader_loads_an_auditor,
+)
 from execgate.policy import Decision, Evaluation, Policy, RuleMatch
 
 
@@ -198,22 +206,33 @@ class PolicyEscalation:
         self._judgements = JudgementCache()
 
     @staticmethod
-    def _allowed(confined: bool) -> Action:
+    def _allowed(confined: bool, why: str = "") -> Action:
         # Outside the sandbox already (or no sandbox): running in place is escalation enough.
-        return Action(Verdict.ESCALATE if confined else Verdict.RUN)
+        return Action(Verdict.ESCALATE if confined else Verdict.RUN, why)
 
     def decide(self, exec_: GatedExec, *, confined: bool) -> Action:
         judgement = self._judgements.judge(self._policy(), exec_, self._aliases())
+        if loader_loads_an_auditor(exec_):
+            return Action(Verdict.DENY, "the loader's --audit library could remove the exec gate")
+        # Inside the sandbox no-new-privs makes the kernel ignore set-id bits and capabilities.
+        leaving = None if confined else _leaves_the_gate(exec_)
         if judgement.decision is None:
-            return Action(Verdict.RUN)
+            if leaving is None:
+                return Action(Verdict.RUN)
+            name = posixpath.basename(exec_.realpath or exec_.path)
+            return Action(
+                Verdict.DENY,
+                f"{leaving}: nothing it starts would be gated, and no rule names it (to run "
+                f'it, name it in a rule: prefix_rule(pattern=["{name}"], decision="prompt"))',
+            )
         if judgement.decision == Decision.FORBIDDEN:
             why = judgement.justification() or "forbidden by policy"
             return Action(Verdict.DENY, f"{why} (rule {judgement.rule_locations()})")
         if judgement.decision == Decision.ALLOW:
-            return self._allowed(confined)
+            return self._allowed(confined, _named(leaving, judgement))
         # PROMPT
         if self.approvals.covers(judgement) or self._user_approves(judgement):
-            return self._allowed(confined)
+            return self._allowed(confined, _named(leaving, judgement))
         prefix = _approval_prefix(judgement)
         request = ApprovalRequest(
             id=f"{next(_ids)}",
@@ -234,7 +253,27 @@ class PolicyEscalation:
             self.approvals.prefixes.update(
                 tuple(m.matched_prefix) for m in request.judgement.deciding_matches()
             )
-        return self._allowed(confined)
+        leaving = None if confined else _leaves_the_gate(request.exec)
+        return self._allowed(confined, _named(leaving, request.judgement, by=approval.by))
+
+
+def _leaves_the_gate(exec_: GatedExec) -> str | None:
+    """Why this exec would leave the exec gate (docs/policy.md, "Set-id programs"), or None."""
+    files = files_that_run(exec_)
+    identity = None if exec_.interp else (exec_.dev, exec_.ino)
+    for file in files:
+        why = leaves_the_gate(file, identity)
+        if why:
+            return why
+    return None
+
+
+def _named(leaving: str | None, judgement: Judgement, *, by: str = "") -> str:
+    """What an allowed exec that leaves the gate is recorded with (audit log)."""
+    if leaving is None:
+        return ""
+    approved = f", approved by {by}" if by else ""
+    return f"{leaving}, allowed by rule {judgement.rule_locations()}{approved}; runs ungated"
 
 
 def _approval_prefix(judgement: Judgement) -> tuple[str, ...]:

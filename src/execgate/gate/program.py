@@ -10,9 +10,13 @@ command policy must judge; the gate then takes the strictest decision over all o
 
 from __future__ import annotations
 
+import errno
+import grp
 import os
 import posixpath
+import pwd
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -175,6 +179,67 @@ def commands_to_judge(
                 for alias in aliases.get((st.st_dev, st.st_ino), ()):
                     commands.append([alias, *args])
     return commands
+
+
+def loader_loads_an_auditor(exec_: GatedExec) -> bool:
+    """Whether this exec runs the dynamic loader with ``--audit``: an audit library can skip
+    the interposer (``la_objsearch``) in the program the loader then runs."""
+    if not is_loader(exec_.realpath or exec_.path):
+        return False
+    for arg in exec_.argv[1:]:
+        if arg == "--audit" or arg.startswith("--audit="):
+            return True
+        if arg == "--" or not arg.startswith("--"):
+            return False
+    return False
+
+
+def _owner(st: os.stat_result, *, group: bool) -> str:
+    try:
+        return grp.getgrgid(st.st_gid).gr_name if group else pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        return str(st.st_gid if group else st.st_uid)
+
+
+def leaves_the_gate(file: str | int, identity: tuple[int, int] | None = None) -> str | None:
+    """Why running ``file`` (a path or an open descriptor) would leave the exec gate, or None.
+
+    The kernel runs set-uid, set-gid and file-capability programs in secure mode: the loader
+    drops ``LD_PRELOAD``, so nothing such a program starts is gated (unless no-new-privs makes
+    the kernel ignore the bits, as every sandbox does). ``identity``: the ``(dev, ino)`` the
+    client checked; a different file at the path cannot be vouched for.
+    """
+    try:
+        st = os.stat(file)
+    except OSError as exc:
+        return f"its file cannot be inspected ({exc.strerror})"
+    if identity is not None and (st.st_dev, st.st_ino) != identity:
+        return "its file changed while it was being checked"
+    if st.st_mode & stat.S_ISUID:
+        return f"a set-uid program (runs as {_owner(st, group=False)})"
+    if st.st_mode & stat.S_ISGID and st.st_mode & stat.S_IXGRP:
+        return f"a set-gid program (runs with group {_owner(st, group=True)})"
+    try:
+        os.getxattr(file, "security.capability")
+    except OSError as exc:
+        if exc.errno not in (errno.ENODATA, errno.ENOTSUP):
+            return f"its file capabilities cannot be read ({exc.strerror})"
+        return None
+    return "a program with file capabilities"
+
+
+def files_that_run(exec_: GatedExec) -> list[str]:
+    """The file the kernel executes for this exec: the program, or for a script (whose own
+    set-id bits the kernel ignores) the end of its chain of interpreters."""
+    if not exec_.interp:
+        return [exec_.realpath or exec_.path]
+    interp = exec_.interp
+    for _ in range(_MAX_INTERPRETER_DEPTH):
+        path = posixpath.join(exec_.cwd, interp)
+        interp, _arg = shebang(path)
+        if not interp:
+            return [path]
+    return []  # too deep: the kernel refuses it (ELOOP)
 
 
 def parent_chain(pid: int, *, depth: int = 8) -> list[tuple[int, str]]:

@@ -439,6 +439,7 @@ struct prog {
     enum kind kind;
     unsigned long long dev, ino;
     mode_t mode;        /* st_mode of the checked file (set-id bits) */
+    nlink_t nlink;      /* its link count */
     char *abs;          /* PATH */
     char *real;         /* REALPATH, "" if unknown */
     char names[2 * EG_PATH]; /* real, then abs: together, so the hot path touches one page */
@@ -565,6 +566,7 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
     p->kind = K_OPAQUE;
     p->dev = p->ino = 0;
     p->mode = 0;
+    p->nlink = 0;
     p->real = p->names;
     p->abs = p->names + EG_PATH; /* moved next to real once real is known */
     p->real[0] = p->abs[0] = p->interp[0] = p->interp_arg[0] = '\0';
@@ -593,6 +595,7 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
             p->kind = K_OPAQUE;
         }
         p->mode = st.st_mode;
+        p->nlink = st.st_nlink;
         p->dev = (unsigned long long)st.st_dev;
         p->ino = (unsigned long long)st.st_ino;
         return 0;
@@ -631,6 +634,7 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
         return EACCES;
     }
     p->mode = st.st_mode;
+    p->nlink = st.st_nlink;
     p->dev = (unsigned long long)st.st_dev;
     p->ino = (unsigned long long)st.st_ino;
     p->fd = fd;
@@ -822,10 +826,13 @@ static int leaves_the_gate(const struct prog *p)
 
 static int snap_says_ask(const struct prog *p);
 
-/* 1 = ask the server, 0 = the snapshot says nobody cares about this program and it stays gated. */
+/* 1 = ask the server, 0 = the snapshot says nobody cares about this program and it stays gated.
+ * A file with other hard links always asks: one of its names may be a rule's, and the
+ * snapshot's identities can lag behind a file replaced at that name; the server's cannot
+ * (gate/livepolicy.py). Hard-linked programs are few (perl, bzip2, gzip). */
 static int snap_needs_ask(const struct prog *p)
 {
-    return snap_says_ask(p) || leaves_the_gate(p);
+    return p->nlink > 1 || snap_says_ask(p) || leaves_the_gate(p);
 }
 
 static int snap_says_ask(const struct prog *p)

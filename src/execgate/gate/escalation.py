@@ -86,15 +86,16 @@ class JudgementCache:
     """Judgements of recent execs, for as long as the policy object stays the same.
 
     Loops exec the same command over and over; judging it again costs more than the rest of
-    the server's work. Only judgements that depend on nothing but the request and the policy
-    are kept: a script's interpreters and the loader's target are read from the file system,
-    which may change between two execs.
+    the server's work. Only judgements that depend on nothing but the request, the policy and
+    the alias table are kept: a script's interpreters and the loader's target are read from
+    the file system, which may change between two execs.
     """
 
     LIMIT = 2048
 
     def __init__(self) -> None:
         self._policy: Policy | None = None
+        self._aliases: dict[tuple[int, int], tuple[str, ...]] | None = None
         self._entries: dict[tuple[object, ...], Judgement] = {}
 
     def judge(
@@ -102,9 +103,13 @@ class JudgementCache:
     ) -> Judgement:
         if exec_.interp or is_loader(exec_.realpath or exec_.path):
             return judge(policy, exec_, aliases)
-        if policy is not self._policy or len(self._entries) >= self.LIMIT:
+        if (
+            policy is not self._policy
+            or aliases is not self._aliases
+            or len(self._entries) >= self.LIMIT
+        ):
             self._entries.clear()
-            self._policy = policy  # the alias table is replaced together with the policy
+            self._policy, self._aliases = policy, aliases
         key = (exec_.path, exec_.realpath, exec_.dev, exec_.ino, exec_.cwd, exec_.argv)
         found = self._entries.get(key)
         if found is None:

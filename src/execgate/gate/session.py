@@ -228,6 +228,7 @@ class EscalationSession:
             clean_escalated_env=clean_escalated_env,
         )
         try:
+            live.watch_in(asyncio.get_running_loop())
             session._server = GateServer(session.socket_path, session)
             spec = None
             if sandbox is not None:

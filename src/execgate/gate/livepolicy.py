@@ -42,6 +42,7 @@ class LivePolicy:
         self._listeners: list[Listener] = []
         self._watch = FolderWatch()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.aliases: dict[tuple[int, int], tuple[str, ...]] = {}
         self._set(policy, fail_closed_reason)
 
     def _set(self, policy: Policy, fail_closed_reason: str | None) -> None:
@@ -55,12 +56,16 @@ class LivePolicy:
             )
             if not self._watch.watch(snapshot.folders):
                 break
-        self.aliases = snapshot.aliases
+        if snapshot.aliases != self.aliases:  # else keep the judgements made with them cached
+            self.aliases = snapshot.aliases
         # Fail-closed requirements deny everything: every exec must reach the server.
         self.snapshot = snapshot.encode(ask_always=self.ask_always or bool(fail_closed_reason))
 
     def replace(self, policy: Policy, fail_closed_reason: str | None = None) -> None:
         self._set(policy, fail_closed_reason)
+        self._publish()
+
+    def _publish(self) -> None:
         for listener in list(self._listeners):
             listener(self.snapshot)
 
@@ -68,7 +73,11 @@ class LivePolicy:
         """The alias table as the files are now: the kernel queued every change made before
         the exec being judged, so draining the queue first leaves no window."""
         if self._watch.drain():
-            self.replace(self.policy, self.fail_closed_reason)
+            published = self.snapshot
+            self._set(self.policy, self.fail_closed_reason)
+            # Clients stop caching a snapshot replaced too often (protocol §6): only a change.
+            if self.snapshot != published:
+                self._publish()
         return self.aliases
 
     def watch_in(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -219,9 +219,10 @@ class PolicyEscalation:
         judgement = self._judgements.judge(self._policy(), exec_, self._aliases())
         if loader_loads_an_auditor(exec_):
             return Action(Verdict.DENY, "the loader's --audit library could remove the exec gate")
-        # Inside the sandbox no-new-privs makes the kernel ignore set-id bits and capabilities.
-        leaving = None if confined else _leaves_the_gate(exec_)
         if judgement.decision is None:
+            # Runs in place: inside the sandbox no-new-privs makes the kernel ignore set-id
+            # bits and capabilities; outside (sandbox off, escalated callers) it would not.
+            leaving = None if confined else _leaves_the_gate(exec_)
             if leaving is None:
                 return Action(Verdict.RUN)
             name = posixpath.basename(exec_.realpath or exec_.path)
@@ -233,11 +234,13 @@ class PolicyEscalation:
         if judgement.decision == Decision.FORBIDDEN:
             why = judgement.justification() or "forbidden by policy"
             return Action(Verdict.DENY, f"{why} (rule {judgement.rule_locations()})")
+        # Allowed, it runs in place outside the sandbox or is escalated out of it: either way
+        # without no-new-privs, so the record says when it leaves the gate.
         if judgement.decision == Decision.ALLOW:
-            return self._allowed(confined, _named(leaving, judgement))
+            return self._allowed(confined, _named(_leaves_the_gate(exec_), judgement))
         # PROMPT
         if self.approvals.covers(judgement) or self._user_approves(judgement):
-            return self._allowed(confined, _named(leaving, judgement))
+            return self._allowed(confined, _named(_leaves_the_gate(exec_), judgement))
         prefix = _approval_prefix(judgement)
         request = ApprovalRequest(
             id=f"{next(_ids)}",
@@ -258,7 +261,7 @@ class PolicyEscalation:
             self.approvals.prefixes.update(
                 tuple(m.matched_prefix) for m in request.judgement.deciding_matches()
             )
-        leaving = None if confined else _leaves_the_gate(request.exec)
+        leaving = _leaves_the_gate(request.exec)
         return self._allowed(confined, _named(leaving, request.judgement, by=approval.by))
 
 

@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -199,7 +200,7 @@ static void write_message(const char *msg, size_t n)
 
 /* All the session's strings, packed so that loading touches as few pages as possible (every
  * gated process runs this). */
-static char sess_arena[4 * EG_PATH + 512];
+static char sess_arena[6 * EG_PATH + 512];
 static size_t sess_used;
 
 /* Copy "name=value" (name NULL: just value) into the arena; "" when it does not fit (never a
@@ -225,10 +226,15 @@ static const char *arena_put(const char *name, const char *value, size_t vlen)
     return d;
 }
 
+/* The gate's variables, and the loader's that could keep the interposer from loading (an
+ * LD_AUDIT library's la_objsearch can skip it; GLIBC_TUNABLES reconfigures the loader): a
+ * caller's values are replaced by the ones captured at load. LD_LIBRARY_PATH cannot remove an
+ * absolute preload, and the other LD_* variables of ld.so(8) do not load objects. */
 static const char *const gate_names[] = {
     "EXECGATE_SOCKET", "EXECGATE_TOKEN", "EXECGATE_WRAPPER", "EXEC_WRAPPER",
-    "BASH_EXEC_WRAPPER", "LD_PRELOAD",
+    "BASH_EXEC_WRAPPER", "LD_PRELOAD", "LD_AUDIT", "GLIBC_TUNABLES",
 };
+static const char *const loader_names[] = {"LD_AUDIT", "GLIBC_TUNABLES"};
 #define N_GATE_NAMES (sizeof gate_names / sizeof gate_names[0])
 
 static int is_gate_entry(const char *e)
@@ -326,6 +332,12 @@ void eg_session_load(char *const *envp, const char *preload_self)
         S->env[S->nenv++] = arena_put("EXEC_WRAPPER", S->wrapper, n);
         S->env[S->nenv++] = arena_put("BASH_EXEC_WRAPPER", S->wrapper, n);
     }
+    /* This process loaded with these values, and so with the interposer. */
+    for (size_t i = 0; i < sizeof loader_names / sizeof loader_names[0]; i++) {
+        const char *v = eg_getenv(envp, loader_names[i]);
+        if (v)
+            S->env[S->nenv++] = arena_put(loader_names[i], v, strlen(v));
+    }
 }
 
 /* ---------------------------------------------------------------- environment re-injection */
@@ -419,6 +431,8 @@ struct prog {
     int own_fd;   /* fd is ours to close */
     enum kind kind;
     unsigned long long dev, ino;
+    mode_t mode;        /* st_mode of the checked file (set-id bits) */
+    nlink_t nlink;      /* its link count */
     char *abs;          /* PATH */
     char *real;         /* REALPATH, "" if unknown */
     char names[2 * EG_PATH]; /* real, then abs: together, so the hot path touches one page */
@@ -593,6 +607,8 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
     p->own_fd = 0;
     p->kind = K_OPAQUE;
     p->dev = p->ino = 0;
+    p->mode = 0;
+    p->nlink = 0;
     p->real = p->names;
     p->abs = p->names + EG_PATH; /* moved next to real once real is known */
     p->real[0] = p->abs[0] = p->iname[0][0] = p->iarg[0][0] = '\0';
@@ -621,6 +637,8 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
         } else {
             p->kind = K_OPAQUE;
         }
+        p->mode = st.st_mode;
+        p->nlink = st.st_nlink;
         p->dev = (unsigned long long)st.st_dev;
         p->ino = (unsigned long long)st.st_ino;
         return 0;
@@ -658,6 +676,8 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
         close(fd);
         return EACCES;
     }
+    p->mode = st.st_mode;
+    p->nlink = st.st_nlink;
     p->dev = (unsigned long long)st.st_dev;
     p->ino = (unsigned long long)st.st_ino;
     p->fd = fd;
@@ -833,8 +853,35 @@ static int same_snap(const struct snap_map *m, const struct stat *st)
            m->mtime_nsec == (long long)st->st_mtim.tv_nsec;
 }
 
-/* 1 = ask the server, 0 = the snapshot says nobody cares about this program. */
+/* Would the kernel run the program in secure mode (set-uid, set-gid, file capabilities)? Then
+ * the loader drops LD_PRELOAD and nothing it starts is gated: only the server may let it run
+ * (docs/policy.md, "Set-id programs"). The mode bits come from prog_open's fstat; the
+ * capabilities cost one fgetxattr (ENODATA for nearly every file). Unknown means yes. */
+static int leaves_the_gate(const struct prog *p)
+{
+    if ((p->mode & S_ISUID) || (p->mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP))
+        return 1;
+    ssize_t n = fgetxattr(p->fd, "security.capability", NULL, 0);
+    if (n < 0 && errno == EBADF) { /* an O_PATH descriptor (execute-only file) */
+        char link[40];
+        fd_link(link, p->fd);
+        n = getxattr(link, "security.capability", NULL, 0);
+    }
+    return n >= 0 || (errno != ENODATA && errno != ENOTSUP);
+}
+
+static int snap_says_ask(const struct prog *p);
+
+/* 1 = ask the server, 0 = the snapshot says nobody cares about this program and it stays gated.
+ * A file with other hard links always asks: one of its names may be a rule's, and the
+ * snapshot's identities can lag behind a file replaced at that name; the server's cannot
+ * (gate/livepolicy.py). Hard-linked programs are few (perl, bzip2, gzip). */
 static int snap_needs_ask(const struct prog *p)
+{
+    return p->nlink > 1 || snap_says_ask(p) || leaves_the_gate(p);
+}
+
+static int snap_says_ask(const struct prog *p)
 {
     if (!eg_sess.snap[0] || !p->real[0])
         return 1; /* without REALPATH (no /proc) the snapshot cannot be checked fully */

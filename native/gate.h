@@ -34,8 +34,9 @@ struct eg_session {
     const char *snap;              /* <dir of the socket>/policy.snap */
     const char *wrapper;           /* EXECGATE_WRAPPER */
     const char *preload;           /* the interposer's own path, first in LD_PRELOAD */
-    /* prebuilt "NAME=value" entries re-added to every exec's environment */
-    const char *env[6];
+    /* prebuilt "NAME=value" entries re-added to every exec's environment: the gate's, and the
+     * loader variables LD_AUDIT and GLIBC_TUNABLES as this process was loaded with them */
+    const char *env[8];
     int nenv;
 };
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from execgate import paths
 from execgate.errors import ExecgateError
+from execgate.gate.cleanenv import check_pattern
 
 SANDBOX_MODES = ("read-only", "workspace-write", "off")
 
@@ -37,6 +38,9 @@ class Config:
     gate_escalated: bool = True
     # Seconds a pending approval waits for a human before it is denied.
     approval_timeout: float = 300.0
+    # Variables escalated programs never take from their caller, on top of the built-in list
+    # (gate/cleanenv.py): names, or prefixes written NAME*.
+    clean_escalated_env: tuple[str, ...] = ()
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
@@ -103,13 +107,24 @@ def load_config(path: Path | None = None) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ExecgateError(f"{path}: invalid TOML: {exc}") from None
-    known = {"import_codex_rules", "gate_escalated", "approval_timeout", "sandbox"}
+    known = {
+        "import_codex_rules",
+        "gate_escalated",
+        "approval_timeout",
+        "clean_escalated_env",
+        "sandbox",
+    }
     for key in data:
         if key not in known:
             raise ExecgateError(f"{path}: unknown key `{key}`")
     timeout = _check(path, "approval_timeout", data.get("approval_timeout", 300.0), (int, float))
     if timeout <= 0:
         raise ExecgateError(f"{path}: `approval_timeout` must be positive")
+    clean = _strings(path, "clean_escalated_env", data.get("clean_escalated_env", []))
+    for i, pattern in enumerate(clean):
+        problem = check_pattern(pattern)
+        if problem:
+            raise ExecgateError(f"{path}: `clean_escalated_env[{i}]` {problem}, got {pattern!r}")
     return Config(
         path=path,
         import_codex_rules=_check(
@@ -117,5 +132,6 @@ def load_config(path: Path | None = None) -> Config:
         ),
         gate_escalated=_check(path, "gate_escalated", data.get("gate_escalated", True), bool),
         approval_timeout=float(timeout),
+        clean_escalated_env=clean,
         sandbox=_sandbox(path, _check(path, "sandbox", data.get("sandbox", {}), dict)),
     )

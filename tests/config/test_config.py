@@ -24,6 +24,7 @@ def test_every_key(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         "import_codex_rules = false\ngate_escalated = false\napproval_timeout = 12.5\n"
+        'clean_escalated_env = ["MY_PLUGIN_PATH", "ACME_*"]\n'
         '[sandbox]\nmode = "read-only"\nwritable_roots = ["/a"]\nnetwork = true\n'
         'strict_exec = true\nexec_dirs = ["/opt/x"]\nexclude_tmp = true\n'
         "exclude_tmpdir = true\nwritable_git = true\n",
@@ -33,6 +34,7 @@ def test_every_key(tmp_path: Path) -> None:
         import_codex_rules=False,
         gate_escalated=False,
         approval_timeout=12.5,
+        clean_escalated_env=("MY_PLUGIN_PATH", "ACME_*"),
         sandbox=SandboxConfig(
             mode="read-only",
             writable_roots=("/a",),
@@ -58,6 +60,8 @@ def test_every_key(tmp_path: Path) -> None:
         ("sandbox = 3\n", "`sandbox` must be a table, got 3"),
         ('[sandbox]\nmode = "strict"\n', "`sandbox.mode` must be one of read-only, workspace"),
         ("[sandbox]\nwritable_roots = [1]\n", "`sandbox.writable_roots[0]` must be a string"),
+        ('clean_escalated_env = ["A=B"]\n', "`clean_escalated_env[0]` must be a variable name"),
+        ('clean_escalated_env = ["*"]\n', "`clean_escalated_env[0]` must be a variable name"),
         ("[sandbox\n", "invalid TOML: Expected ']' at the end of a table declaration (at line 1"),
     ],
 )

@@ -41,17 +41,18 @@ def test_fast_path_needs_no_server(gate: Gate) -> None:
 def test_match_by_each_name(gate: Gate) -> None:
     w = gate.work
     tool = shutil.copy("/bin/echo", w / "tool")
-    os.link(tool, w / "alias")
     os.symlink(tool, w / "viaLink")
-    st = os.stat(tool)
+    moved = shutil.copy("/bin/echo", w / "moved")
+    st = os.stat(moved)
+    os.rename(moved, w / "renamed")
     cases = [
         ([b"tool"], [], "./tool x", True),  # basename(PATH)
         ([b"tool"], [], "./viaLink x", True),  # basename(REALPATH)
         ([str(w / "viaLink").encode()], [], "./viaLink x", False),  # PATH is w/./viaLink
         ([(str(w) + "/./viaLink").encode()], [], "./viaLink x", True),  # PATH exactly
         ([str(w / "tool").encode()], [], "./viaLink x", True),  # REALPATH
-        ([], [(st.st_dev, st.st_ino)], "./alias x", True),  # (DEV, INO): a hard link
-        ([b"echo"], [], "./alias x", False),
+        ([], [(st.st_dev, st.st_ino)], "./renamed x", True),  # (DEV, INO): renamed
+        ([b"echo"], [], "./renamed x", False),
     ]
     for names, files, cmd, expect in cases:
         gate.server.clear()
@@ -59,6 +60,33 @@ def test_match_by_each_name(gate: Gate) -> None:
         r = gate.sh(cmd)
         assert r.stdout == b"x\n"
         assert bool(gate.server.requests) == expect, (names, files, cmd)
+
+
+def test_files_that_the_snapshot_cannot_vouch_for_always_ask(gate: Gate) -> None:
+    """A file with other hard links (one of its names may be a rule's, and the snapshot can lag
+    behind a file replaced at that name) and a set-id or capability program (it would leave the
+    gate) reach the server whatever the snapshot says; an ordinary file does not."""
+    w = gate.work
+    plain = shutil.copy("/bin/echo", w / "plain")
+    linked = shutil.copy("/bin/echo", w / "linked")
+    os.link(linked, w / "alias")
+    setgid = shutil.copy("/bin/echo", w / "setgid")
+    os.chmod(setgid, 0o2755)
+    setgid_no_exec = shutil.copy("/bin/echo", w / "setgid-no-exec")
+    os.chmod(setgid_no_exec, 0o2745)  # no group execute: not set-gid for the kernel
+    cases = [("./plain x", False), ("./alias x", True), ("./linked x", True),
+             ("./setgid x", True), ("./setgid-no-exec x", False)]  # fmt: skip
+    if shutil.which("setcap") and os.geteuid() == 0:
+        caps = shutil.copy("/bin/echo", w / "caps")
+        subprocess.run(["setcap", "cap_net_bind_service+ep", caps], check=True)
+        cases.append(("./caps x", True))
+    gate.server.write_snapshot(encode_snapshot([b"unrelated"], []))
+    for cmd, expect in cases:
+        gate.server.clear()
+        r = gate.sh(cmd)
+        assert r.stdout == b"x\n", (cmd, r.stderr)
+        assert bool(gate.server.requests) == expect, cmd
+    assert os.path.exists(plain)
 
 
 def test_script_interpreter_named(gate: Gate) -> None:

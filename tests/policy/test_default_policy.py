@@ -83,14 +83,26 @@ def test_prompt(default: Policy, command: str) -> None:
         "cat README.md",
         "git status",
         "git diff HEAD~1",
-        "git log --oneline",
+        "git log --oneline --output=/tmp/x",
         "/bin/ls",
         "grep -rn x .",
     ],
 )
-def test_allow_read_only(default: Policy, command: str) -> None:
+def test_read_only_tools_run_in_the_sandbox(default: Policy, command: str) -> None:
+    """Read-only tools need no escalation: no rule lets them out of the sandbox."""
+    assert default.evaluate(command.split(), resolve_host_executables=True).decision is None
+
+
+def test_the_built_in_policy_escalates_nothing(default: Policy) -> None:
+    assert [r for r in default.rules if r.decision is Decision.ALLOW] == []
+
+
+@pytest.mark.parametrize(
+    "command", ["newgrp docker", "sg adm -c id", "ssh-agent bash", "su -", "crontab -e"]
+)
+def test_set_id_programs_ask(default: Policy, command: str) -> None:
     assert default.evaluate(command.split(), resolve_host_executables=True).decision is (
-        Decision.ALLOW
+        Decision.PROMPT
     )
 
 
@@ -111,12 +123,6 @@ def test_allow_read_only(default: Policy, command: str) -> None:
 )
 def test_no_decision_runs_sandboxed(default: Policy, command: str) -> None:
     assert default.evaluate(command.split(), resolve_host_executables=True).decision is None
-
-
-def test_every_allow_rule_is_pinned_to_system_paths(default: Policy) -> None:
-    for rule in default.rules:
-        if rule.decision is Decision.ALLOW:
-            assert rule.program in default.host_executables, rule.program
 
 
 def test_shipped_file_is_valid_as_is_for_codex() -> None:

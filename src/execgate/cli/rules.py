@@ -278,7 +278,12 @@ def explain_text(evaluation: Evaluation, layers: dict[str, str]) -> str:
     if len(evaluation.matches) > 1:
         lines.append("The strictest decision wins: forbidden > prompt > allow.")
     if evaluation.decision is not None and evaluation.decision.value == "allow":
-        lines.append("Under execgate, allow means the program runs outside the sandbox.")
+        lines.append(
+            "Under execgate, allow means the program is escalated: it runs outside the sandbox "
+            "(with the network), and so does every program it starts; its environment is "
+            "cleaned of variables that load other code or config (docs/policy.md, "
+            '"What each decision grants").'
+        )
     return "\n".join(lines)
 
 

@@ -85,6 +85,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
         asker=gate.approvals.recording(asker),
         sandbox=sandbox,
         gate_escalated=config.gate_escalated,
+        clean_escalated_env=config.clean_escalated_env,
         approval_timeout=config.approval_timeout,
         audit=audit,
     )

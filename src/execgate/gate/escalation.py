@@ -9,13 +9,14 @@ terminal for ``execgate run``, MCP elicitation for ``execgate mcp``.
 from __future__ import annotations
 
 import itertools
+import posixpath
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
 from execgate.gate.identity import FileId, files_named_by
-from execgate.gate.program import GatedExec, commands_to_judge, is_loader
+from execgate.gate.program import GatedExec, commands_to_judge, is_loader, loader_loads_an_auditor
 from execgate.policy import Decision, Evaluation, Policy, RuleMatch
 
 
@@ -107,15 +108,16 @@ class JudgementCache:
     """Judgements of recent execs, for as long as the policy object stays the same.
 
     Loops exec the same command over and over; judging it again costs more than the rest of
-    the server's work. Only judgements that depend on nothing but the request and the policy
-    are kept: a script's interpreters and the loader's target are read from the file system,
-    which may change between two execs.
+    the server's work. Only judgements that depend on nothing but the request, the policy and
+    the alias table are kept: a script's interpreters and the loader's target are read from
+    the file system, which may change between two execs.
     """
 
     LIMIT = 2048
 
     def __init__(self) -> None:
         self._policy: Policy | None = None
+        self._aliases: dict[tuple[int, int], tuple[str, ...]] | None = None
         self._entries: dict[tuple[object, ...], Judgement] = {}
 
     def judge(
@@ -123,9 +125,13 @@ class JudgementCache:
     ) -> Judgement:
         if exec_.interpreters or is_loader(exec_.realpath or exec_.path):
             return judge(policy, exec_, aliases)
-        if policy is not self._policy or len(self._entries) >= self.LIMIT:
+        if (
+            policy is not self._policy
+            or aliases is not self._aliases
+            or len(self._entries) >= self.LIMIT
+        ):
             self._entries.clear()
-            self._policy = policy  # the alias table is replaced together with the policy
+            self._policy, self._aliases = policy, aliases
         key = (exec_.path, exec_.realpath, exec_.dev, exec_.ino, exec_.cwd, exec_.argv)
         found = self._entries.get(key)
         if found is None:
@@ -229,20 +235,37 @@ class PolicyEscalation:
         self._named: dict[str, set[FileId]] = {}  # bare rule name -> files (this policy's)
         self._named_policy: Policy | None = None
 
-    def _allowed(self, exec_: GatedExec, judgement: Judgement, confined: bool) -> Action:
+    def _allowed(
+        self, exec_: GatedExec, judgement: Judgement, confined: bool, *, by: str = ""
+    ) -> Action:
+        # Allowed, it runs in place outside the sandbox or is escalated out of it: either way
+        # without no-new-privs, so the record says when it leaves the gate.
+        leaving = _leaving_note(exec_.leaves_gate, judgement, by=by)
         # Outside the sandbox already (or no sandbox): running in place is escalation enough.
         if not confined:
-            return Action(Verdict.RUN)
+            return Action(Verdict.RUN, leaving)
         policy = self._policy()
         if policy is not self._named_policy:
             self._named, self._named_policy = {}, policy
         why_not = names_file_that_runs(policy, exec_, judgement, self._named)
-        return Action(Verdict.RUN, why_not) if why_not else Action(Verdict.ESCALATE)
+        return Action(Verdict.RUN, why_not) if why_not else Action(Verdict.ESCALATE, leaving)
 
     def decide(self, exec_: GatedExec, *, confined: bool) -> Action:
         judgement = self._judgements.judge(self._policy(), exec_, self._aliases())
+        if loader_loads_an_auditor(exec_):
+            return Action(Verdict.DENY, "the loader's --audit library could remove the exec gate")
         if judgement.decision is None:
-            return Action(Verdict.RUN)
+            # Runs in place: inside the sandbox no-new-privs makes the kernel ignore set-id
+            # bits and capabilities; outside (sandbox off, escalated callers) it would not.
+            leaving = None if confined else exec_.leaves_gate
+            if leaving is None:
+                return Action(Verdict.RUN)
+            name = posixpath.basename(exec_.realpath or exec_.path)
+            return Action(
+                Verdict.DENY,
+                f"{leaving}: nothing it starts would be gated, and no rule names it (to run "
+                f'it, name it in a rule: prefix_rule(pattern=["{name}"], decision="prompt"))',
+            )
         if judgement.decision == Decision.FORBIDDEN:
             why = judgement.justification() or "forbidden by policy"
             return Action(Verdict.DENY, f"{why} (rule {judgement.rule_locations()})")
@@ -271,7 +294,15 @@ class PolicyEscalation:
             self.approvals.prefixes.update(
                 tuple(m.matched_prefix) for m in request.judgement.deciding_matches()
             )
-        return self._allowed(request.exec, request.judgement, confined)
+        return self._allowed(request.exec, request.judgement, confined, by=approval.by)
+
+
+def _leaving_note(leaving: str | None, judgement: Judgement, *, by: str = "") -> str:
+    """What an allowed exec that leaves the gate is recorded with (audit log)."""
+    if leaving is None:
+        return ""
+    approved = f", approved by {by}" if by else ""
+    return f"{leaving}, allowed by rule {judgement.rule_locations()}{approved}; runs ungated"
 
 
 def _approval_prefix(judgement: Judgement) -> tuple[str, ...]:

@@ -11,9 +11,12 @@ escalation happens only when the rule names the file that runs.
 
 from __future__ import annotations
 
+import errno
+import grp
 import itertools
 import os
 import posixpath
+import pwd
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +44,7 @@ class ExecFile:
     dev: int
     ino: int
     shebang: tuple[str, str] | None  # (interpreter, argument) when the file is a #! script
+    leaves_gate: str | None = None  # why running it would leave the gate (set-id, capabilities)
 
     @property
     def id(self) -> FileId:
@@ -138,7 +142,41 @@ def exec_file(fd: int) -> ExecFile:
     head = _read_head(fd)
     parsed = parse_shebang(head) if head is not None else None
     shebang = None if parsed is None else (os.fsdecode(parsed[0]), os.fsdecode(parsed[1]))
-    return ExecFile(realpath=realpath, dev=st.st_dev, ino=st.st_ino, shebang=shebang)
+    return ExecFile(
+        realpath=realpath,
+        dev=st.st_dev,
+        ino=st.st_ino,
+        shebang=shebang,
+        leaves_gate=_why_it_leaves_the_gate(fd, st),
+    )
+
+
+def _owner(st: os.stat_result, *, group: bool) -> str:
+    try:
+        return grp.getgrgid(st.st_gid).gr_name if group else pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        return str(st.st_gid if group else st.st_uid)
+
+
+def _why_it_leaves_the_gate(fd: int, st: os.stat_result) -> str | None:
+    """Why executing the file behind ``fd`` would leave the exec gate, or None.
+
+    The kernel runs set-uid, set-gid and file-capability programs in secure mode: the loader
+    drops ``LD_PRELOAD``, so nothing such a program starts is gated (unless no-new-privs makes
+    the kernel ignore the bits, as every sandbox does). Read from the descriptor that will be
+    executed, never from a path.
+    """
+    if st.st_mode & stat.S_ISUID:
+        return f"a set-uid program (runs as {_owner(st, group=False)})"
+    if st.st_mode & stat.S_ISGID and st.st_mode & stat.S_IXGRP:
+        return f"a set-gid program (runs with group {_owner(st, group=True)})"
+    try:  # an O_PATH descriptor has no xattr calls: read them through its /proc link
+        os.getxattr(f"/proc/self/fd/{fd}", "security.capability")
+    except OSError as exc:
+        if exc.errno not in (errno.ENODATA, errno.ENOTSUP):
+            return f"its file capabilities cannot be read ({exc.strerror})"
+        return None
+    return "a program with file capabilities"
 
 
 def inspect_descriptors(

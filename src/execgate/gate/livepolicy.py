@@ -8,6 +8,7 @@ snapshot.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 from execgate.config import Config
 from execgate.gate.approvals import UserApprovals
 from execgate.gate.escalation import PolicyEscalation
+from execgate.gate.folderwatch import FolderWatch
 from execgate.gate.snapshot import build_snapshot
 from execgate.policy import LoadedPolicy, Policy, load_chosen_policy, load_layered_policy
 
@@ -22,6 +24,11 @@ Listener = Callable[[bytes], None]
 
 
 class LivePolicy:
+    """The policy and what follows from it. File identities follow the files at their paths:
+    the folders of rule-named files are watched, and a change there rebuilds the snapshot and
+    alias table (:meth:`current_aliases` before every judgement; the event loop's reader, once
+    :meth:`watch_in` was called, for the snapshot in between)."""
+
     def __init__(
         self,
         policy: Policy,
@@ -33,22 +40,52 @@ class LivePolicy:
         self.search_path = search_path
         self.ask_always = ask_always
         self._listeners: list[Listener] = []
+        self._watch = FolderWatch()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.aliases: dict[tuple[int, int], tuple[str, ...]] = {}
         self._set(policy, fail_closed_reason)
 
     def _set(self, policy: Policy, fail_closed_reason: str | None) -> None:
-        snapshot = build_snapshot(
-            policy.first_tokens(), dict(policy.host_executables), search_path=self.search_path
-        )
         self.policy = policy
         self.fail_closed_reason = fail_closed_reason
-        self.aliases = snapshot.aliases
+        # A folder first watched now may have changed since the build: build again (the
+        # folders a build finds depend on the files it finds, hence a few rounds).
+        for _ in range(4):
+            snapshot = build_snapshot(
+                policy.first_tokens(), dict(policy.host_executables), search_path=self.search_path
+            )
+            if not self._watch.watch(snapshot.folders):
+                break
+        if snapshot.aliases != self.aliases:  # else keep the judgements made with them cached
+            self.aliases = snapshot.aliases
         # Fail-closed requirements deny everything: every exec must reach the server.
         self.snapshot = snapshot.encode(ask_always=self.ask_always or bool(fail_closed_reason))
 
     def replace(self, policy: Policy, fail_closed_reason: str | None = None) -> None:
         self._set(policy, fail_closed_reason)
+        self._publish()
+
+    def _publish(self) -> None:
         for listener in list(self._listeners):
             listener(self.snapshot)
+
+    def current_aliases(self) -> dict[tuple[int, int], tuple[str, ...]]:
+        """The alias table as the files are now: the kernel queued every change made before
+        the exec being judged, so draining the queue first leaves no window."""
+        if self._watch.drain():
+            published = self.snapshot
+            self._set(self.policy, self.fail_closed_reason)
+            # Clients stop caching a snapshot replaced too often (protocol §6): only a change.
+            if self.snapshot != published:
+                self._publish()
+        return self.aliases
+
+    def watch_in(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Republish the snapshot as soon as a watched folder changes (idempotent)."""
+        fd = self._watch.fileno()
+        if self._loop is not loop and fd is not None:  # a closed loop took its reader along
+            self._loop = loop
+            loop.add_reader(fd, self.current_aliases)
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         self._listeners.append(listener)
@@ -118,7 +155,7 @@ class GatePolicy:
         self.approvals = _approvals(load)
         self.escalation = PolicyEscalation(
             lambda: self.live.policy,
-            aliases=lambda: self.live.aliases,
+            aliases=self.live.current_aliases,
             user_approves=lambda judgement: self.approvals.covers(judgement),
             can_record_always=lambda judgement: self.approvals.can_record(judgement),
             on_prompt_deny=on_prompt_deny,

@@ -59,6 +59,7 @@ class GatedExec:
     pid: int
     ppid: int
     via: str
+    leaves_gate: str | None = None  # why the file that runs would leave the gate (set-id, caps)
 
     @classmethod
     def from_request(
@@ -75,6 +76,7 @@ class GatedExec:
             pid=req.pid,
             ppid=req.ppid,
             via=req.via,
+            leaves_gate=runs_file(program, interpreters).leaves_gate,
         )
 
     @property
@@ -99,6 +101,12 @@ class GatedExec:
         words = [self.argv[0] if self.argv and self.argv[0] else self.path, *self.argv[1:]]
         text = render_command(words)
         return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def runs_file(program: ExecFile, interpreters: tuple[Interpreter, ...]) -> ExecFile:
+    """The file the kernel executes: the program, or for a script (whose own set-id bits the
+    kernel ignores) the last of its interpreters."""
+    return interpreters[-1].file if interpreters else program
 
 
 def _names(path: str, realpath: str) -> list[str]:
@@ -190,6 +198,19 @@ def commands_to_judge(
             else:
                 commands += [([a, *args], None) for a in aliases.get((st.st_dev, st.st_ino), ())]
     return commands
+
+
+def loader_loads_an_auditor(exec_: GatedExec) -> bool:
+    """Whether this exec runs the dynamic loader with ``--audit``: an audit library can skip
+    the interposer (``la_objsearch``) in the program the loader then runs."""
+    if not is_loader(exec_.realpath or exec_.path):
+        return False
+    for arg in exec_.argv[1:]:
+        if arg == "--audit" or arg.startswith("--audit="):
+            return True
+        if arg == "--" or not arg.startswith("--"):
+            return False
+    return False
 
 
 def parent_chain(pid: int, *, depth: int = 8) -> list[tuple[int, str]]:

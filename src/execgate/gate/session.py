@@ -30,6 +30,7 @@ from execgate.errors import ExecgateError
 from execgate.files import make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
 from execgate.gate.askers import DenyingAsker
+from execgate.gate.cleanenv import cleaned_variables
 from execgate.gate.escalation import (
     Action,
     ApprovalRequest,
@@ -41,7 +42,7 @@ from execgate.gate.escalation import (
 from execgate.gate.identity import ExecFile, IdentityError, describe_path, inspect_descriptors
 from execgate.gate.launcher import LaunchedProcess, Launcher, LauncherError
 from execgate.gate.livepolicy import LivePolicy
-from execgate.gate.program import GatedExec
+from execgate.gate.program import GatedExec, runs_file
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import Answer, GateServer, Peer
 from execgate.sandbox import SandboxSpec
@@ -169,6 +170,7 @@ class EscalationSession:
         approval_timeout: float,
         audit: AuditLog | None,
         on_ask: Callable[[bool], None] | None,
+        clean_escalated_env: Sequence[str] = (),
     ) -> None:
         self.live = live
         self.escalation = escalation
@@ -177,6 +179,7 @@ class EscalationSession:
         self.confined = sandbox is not None and sandbox.confines
         self.base_env = dict(base_env)
         self.gate_escalated = gate_escalated
+        self.cleaned = cleaned_variables(clean_escalated_env)
         self.approval_timeout = approval_timeout
         self.token = secrets.token_hex(16)
         self.escalated_token = secrets.token_hex(16)
@@ -212,6 +215,7 @@ class EscalationSession:
         audit: AuditLog | None = None,
         on_ask: Callable[[bool], None] | None = None,
         new_process_session: bool = False,
+        clean_escalated_env: Sequence[str] = (),
     ) -> EscalationSession:
         """Open a session: its folder, gate socket and launcher.
 
@@ -228,8 +232,10 @@ class EscalationSession:
             approval_timeout=approval_timeout,
             audit=audit,
             on_ask=on_ask,
+            clean_escalated_env=clean_escalated_env,
         )
         try:
+            live.watch_in(asyncio.get_running_loop())
             session._server = GateServer(session.socket_path, session)
             spec = None
             if sandbox is not None:
@@ -277,27 +283,30 @@ class EscalationSession:
 
     def escalated_env_rules(self) -> EnvRules:
         """How a caller's environment becomes its escalated program's (the launcher applies
-        them to the claimer's environment): dynamic-loader variables the caller set (that
-        differ from the session's own environment) are dropped, and the gate is re-added with
-        the escalated token (or removed, when escalated programs leave the gate, keeping only
-        the user's own ``LD_PRELOAD``)."""
+        them to the claimer's environment): the variables that load other code or config
+        (``self.cleaned``: ``LD_*``, ``GIT_CONFIG*``, ``BASH_ENV``, ``PYTHONPATH``, …) keep only
+        the value the session started with, never the caller's; the gate is re-added with the
+        escalated token (or removed, when escalated programs leave the gate, keeping only the
+        user's own ``LD_PRELOAD``)."""
         if self._env_rules is None:
-            base_loader = sorted(
-                os.fsencode(f"{k}={v}")
+            cleaned = self.cleaned
+            # The session's own values of the cleaned variables replace whatever the caller
+            # made of them (SET); the caller's are dropped (DROP, DROP_PREFIXES).
+            overlay = {
+                k: v
                 for k, v in self.base_env.items()
-                if k.startswith("LD_") and k != "LD_PRELOAD"
-            )
+                if cleaned.covers(k) and k not in GATE_VARIABLES and k != "LD_PRELOAD"
+            }
             user_preload = self.base_env.get("LD_PRELOAD")
-            overlay: dict[str, str] = {}
             if self.gate_escalated:
-                overlay = self.gate_env(escalated=True)
+                overlay.update(self.gate_env(escalated=True))
                 overlay["LD_PRELOAD"] = self._with_preload(user_preload)
             elif user_preload:
                 overlay["LD_PRELOAD"] = user_preload
+            drop = dict.fromkeys([*GATE_VARIABLES, "LD_PRELOAD", *sorted(cleaned.names)])
             self._env_rules = EnvRules(
-                drop=tuple(os.fsencode(name) for name in (*GATE_VARIABLES, "LD_PRELOAD")),
-                drop_prefixes=(b"LD_",),
-                keep=tuple(base_loader),
+                drop=tuple(os.fsencode(name) for name in drop),
+                drop_prefixes=tuple(os.fsencode(prefix) for prefix in cleaned.prefixes),
                 set=tuple(os.fsencode(f"{k}={v}") for k, v in overlay.items()),
             )
         return self._env_rules
@@ -537,6 +546,7 @@ def describe_exec(program: str, argv: Sequence[str], *, cwd: str, via: str) -> G
         pid=os.getpid(),
         ppid=os.getppid(),
         via=via,
+        leaves_gate=runs_file(file, interpreters).leaves_gate,
     )
 
 
@@ -565,6 +575,7 @@ class SessionReserve:
             kwargs.get("gate_escalated", True),
             kwargs.get("approval_timeout", 300.0),
             kwargs.get("new_process_session", False),
+            tuple(kwargs.get("clean_escalated_env", ())),
         )
 
     async def take(self, **kwargs: Any) -> EscalationSession:

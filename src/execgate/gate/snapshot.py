@@ -46,6 +46,8 @@ class Snapshot:
     files: set[FileId] = field(default_factory=set)
     # (dev, ino) -> the rule names that file answers to
     aliases: dict[FileId, tuple[str, ...]] = field(default_factory=dict)
+    # the folders where a change can give a rule-named path another file (to watch)
+    folders: set[str] = field(default_factory=set)
 
     def encode(self, *, ask_always: bool = False) -> bytes:
         hashes = sorted({fnv1a64(name) for name in self.names})
@@ -91,8 +93,10 @@ def build_snapshot(
     aliases: dict[FileId, set[str]] = {}
 
     def record(path: str, name: str) -> None:
+        snapshot.folders.add(posixpath.dirname(path))
         file_id = _stat_id(path)
         if file_id is not None:
+            snapshot.folders.add(posixpath.dirname(os.path.realpath(path)))
             snapshot.files.add(file_id)
             aliases.setdefault(file_id, set()).add(name)
 

@@ -110,6 +110,7 @@ class CallSetup:
     gate_escalated: bool
     approval_timeout: float  # the session's own backstop; questions time out in the registry
     audit_path: Path | None = None
+    clean_escalated_env: tuple[str, ...] = ()
     reserve: SessionReserve = field(default_factory=SessionReserve)
 
 
@@ -196,6 +197,7 @@ class ShellCall:
                 sandbox=self.setup.sandbox,
                 base_env=self.setup.base_env,
                 gate_escalated=self.setup.gate_escalated,
+                clean_escalated_env=self.setup.clean_escalated_env,
                 approval_timeout=self.setup.approval_timeout,
                 new_process_session=True,
             )

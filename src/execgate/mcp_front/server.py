@@ -290,6 +290,7 @@ class McpFrontEnd:
             shell=self.options.shell,
             base_env=dict(os.environ),
             gate_escalated=self.options.config.gate_escalated,
+            clean_escalated_env=self.options.config.clean_escalated_env,
             # The registry times questions out; the session's own limit is only a backstop.
             approval_timeout=self.options.approval_timeout + 10,
             audit_path=self.options.audit,

@@ -98,7 +98,9 @@ size_t eg_env_size(char *const *envp);
 char **eg_env_build(char *const *envp, void *mem, size_t cap);
 
 /* Write "execgate: denied: <cmd>: <reason><detail>\n" to fd 2 (cmd rendered from argv, or
- * `path` when argv is empty). */
+ * `path` when argv is empty). Every text is rendered visible (control and bidi characters,
+ * bytes that are not UTF-8 escaped; a cut says how many bytes it hides). Async-signal- and
+ * vfork-safe: no malloc, no locale, no stdio. */
 void eg_deny_line(char *const *argv, const char *path, const char *reason, const char *detail);
 void eg_deny_line_fd(int fd, char *const *argv, const char *path, const char *reason,
                      const char *detail);

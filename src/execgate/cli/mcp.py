@@ -15,6 +15,7 @@ from execgate.cli.options import add_gate_arguments
 from execgate.config import load_config
 from execgate.errors import ExecgateError
 from execgate.sandbox import SandboxSpec, add_sandbox_arguments, require_support, sandbox_from_args
+from execgate.visible import VisibleFormatter
 
 
 def register(subparsers: Any) -> None:
@@ -83,7 +84,7 @@ def _shell(value: str | None) -> str:
 
 def _configure_logging(args: argparse.Namespace) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("execgate mcp: %(levelname)s: %(message)s"))
+    handler.setFormatter(VisibleFormatter("execgate mcp: %(levelname)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)

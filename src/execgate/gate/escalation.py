@@ -16,6 +16,7 @@ from typing import Protocol
 
 from execgate.gate.program import GatedExec, commands_to_judge, is_loader
 from execgate.policy import Decision, Evaluation, Policy, RuleMatch
+from execgate.visible import visible
 
 
 class Verdict(Enum):
@@ -117,7 +118,7 @@ class ApprovalRequest:
 
     def summary(self) -> str:
         why = self.judgement.justification() or "requires approval by policy"
-        return f"{self.exec.display()}: {why}"
+        return f"{self.exec.display()}: {visible(why, 1000)}"
 
 
 class Answer(Enum):

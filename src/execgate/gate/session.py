@@ -44,6 +44,7 @@ from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import Answer, GateServer, Peer
 from execgate.gate.snapshot import write_atomically
 from execgate.sandbox import SandboxSpec
+from execgate.visible import VisibleFormatter, visible
 
 log = logging.getLogger("execgate.session")
 # Every escalation (a program let out of the sandbox), for the record: front ends send it to
@@ -103,7 +104,7 @@ def log_escalations(path: Path | None = None) -> Path | None:
     except OSError as exc:
         log.warning("cannot log escalations to %s: %s", path, exc.strerror)
         return None
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    handler.setFormatter(VisibleFormatter("%(asctime)s %(message)s"))
     escalations.addHandler(handler)
     escalations.setLevel(logging.INFO)
     return path
@@ -344,7 +345,7 @@ class EscalationSession:
 
     @staticmethod
     def denial(exec_: GatedExec, reason: str) -> str:
-        return f"execgate: denied: {exec_.display()}: {reason}"
+        return f"execgate: denied: {exec_.display()}: {visible(reason, 2000)}"
 
     def answer_exec(self, request: ExecRequest, peer: Peer) -> Answer:
         exec_ = GatedExec.from_request(request)

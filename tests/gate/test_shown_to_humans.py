@@ -17,14 +17,17 @@ import unicodedata
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import UnprivilegedUser
 from execgate.visible import command_line, quote_word, visible
 
 from .conftest import EXECGATE, Gate
+
+if TYPE_CHECKING:  # the fixture's type (tests/conftest.py)
+    from conftest import UnprivilegedUser
 
 HIDDEN = {"Cc", "Cf", "Cs", "Zl", "Zp"}
 BIDI = [chr(c) for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x61C]]

@@ -133,10 +133,12 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
         return any(real == r or r in real.parents for r in roots)
 
     candidates = _session_dir_candidates()
+    remove_stale_session_dirs(candidates)
     for base in sorted(candidates, key=writable):  # stable: outside-the-sandbox ones first
         try:
             base.mkdir(parents=True, exist_ok=True)
             path = Path(tempfile.mkdtemp(prefix=f"execgate-{os.getuid()}-", dir=base))
+            (path / _OWNER).write_text(_owner_of(os.getpid()) + "\n")
         except OSError:
             continue
         if len(os.fsencode(path / "claim.sock")) < 100:  # sun_path limit (and gate.sock)
@@ -146,6 +148,48 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
         "found no folder for the session socket (tried $XDG_RUNTIME_DIR, /dev/shm, "
         "$EXECGATE_HOME/run, /tmp)"
     )
+
+
+# A session folder names the server that owns it: "PID STARTTIME" (the start time tells a
+# reused pid apart). A server killed with SIGKILL cannot remove its folder; the next one does.
+_OWNER = "owner"
+
+
+def _owner_of(pid: int) -> str:
+    """``"PID STARTTIME"`` for a running process, ``""`` if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return ""
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return f"{pid} {int(fields[19])}" if len(fields) > 19 else ""
+
+
+def remove_stale_session_dirs(bases: Sequence[Path]) -> list[Path]:
+    """Remove our session folders whose owning server is gone; returns them. A folder whose
+    owner is alive, or that names no owner (being created, or older execgate), stays."""
+    removed = []
+    prefix = f"execgate-{os.getuid()}-"
+    for base in bases:
+        try:
+            entries = [e for e in os.scandir(base) if e.name.startswith(prefix)]
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if not entry.is_dir(follow_symlinks=False) or st.st_uid != os.getuid():
+                    continue
+                owner = (Path(entry.path) / _OWNER).read_text().strip()
+            except (OSError, UnicodeDecodeError):
+                continue
+            pid, _, _ = owner.partition(" ")
+            if not pid.isdigit() or _owner_of(int(pid)) == owner:
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+    return removed
 
 
 class EscalationSession:

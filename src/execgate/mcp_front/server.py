@@ -208,6 +208,10 @@ class McpFrontEnd:
                         experimental_capabilities=SANDBOX_STATE_CAPABILITY
                     ),
                 )
+        except* (BrokenPipeError, ConnectionResetError):
+            # The client went away while we still had something to say (an elicitation, a
+            # result): the end of the connection, not an error.
+            log.info("the MCP client is gone")
         finally:
             watcher.cancel()
             with anyio.CancelScope(shield=True):

@@ -361,7 +361,7 @@ static const char *arena_put(const char *name, const char *value, size_t vlen)
 
 static const char *const gate_names[] = {
     "EXECGATE_SOCKET", "EXECGATE_TOKEN", "EXECGATE_WRAPPER", "EXEC_WRAPPER",
-    "BASH_EXEC_WRAPPER", "LD_PRELOAD",
+    "BASH_EXEC_WRAPPER", "EXECGATE_SNAPSHOT", "LD_PRELOAD",
 };
 #define N_GATE_NAMES (sizeof gate_names / sizeof gate_names[0])
 
@@ -381,6 +381,27 @@ static int is_lower_hex(const char *s, size_t n)
         if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
             return 0;
     return 1;
+}
+
+/* "/proc/PID/fd/N": the server's sealed snapshot descriptor (protocol §6); nothing else. */
+static int is_proc_fd_path(const char *s)
+{
+    static const char a[] = "/proc/", b[] = "/fd/";
+    if (!s || strlen(s) > 40 || strncmp(s, a, sizeof a - 1) != 0)
+        return 0;
+    s += sizeof a - 1;
+    if (*s < '1' || *s > '9')
+        return 0;
+    while (*s >= '0' && *s <= '9')
+        s++;
+    if (strncmp(s, b, sizeof b - 1) != 0)
+        return 0;
+    s += sizeof b - 1;
+    if (*s < '0' || *s > '9')
+        return 0;
+    while (*s >= '0' && *s <= '9')
+        s++;
+    return *s == '\0';
 }
 
 void eg_session_load(char *const *envp, const char *preload_self)
@@ -414,7 +435,9 @@ void eg_session_load(char *const *envp, const char *preload_self)
         char snap[EG_SUN_PATH + sizeof "/policy.snap"];
         memcpy(snap, S->sock, dir);
         memcpy(snap + dir, "/policy.snap", sizeof "/policy.snap");
-        S->snap = arena_put(NULL, snap, strlen(snap));
+        const char *sealed = eg_getenv(envp, "EXECGATE_SNAPSHOT");
+        S->snap = is_proc_fd_path(sealed) ? arena_put(NULL, sealed, strlen(sealed))
+                                          : arena_put(NULL, snap, strlen(snap));
         static const char claim[] = "/claim.sock";
         if (dir + sizeof claim <= sizeof S->claim) {
             memcpy(S->claim, S->sock, dir);
@@ -454,6 +477,9 @@ void eg_session_load(char *const *envp, const char *preload_self)
         S->env[S->nenv++] = arena_put("EXECGATE_SOCKET", sock, strlen(sock));
     if (token)
         S->env[S->nenv++] = arena_put("EXECGATE_TOKEN", token, strlen(token));
+    const char *sealed = eg_getenv(envp, "EXECGATE_SNAPSHOT");
+    if (sealed)
+        S->env[S->nenv++] = arena_put("EXECGATE_SNAPSHOT", sealed, strlen(sealed));
     if (S->wrapper[0]) {
         size_t n = strlen(S->wrapper);
         S->env[S->nenv++] = arena_put("EXECGATE_WRAPPER", S->wrapper, n);

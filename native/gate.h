@@ -30,11 +30,12 @@ struct eg_session {
     char token[EG_TOKEN_LEN + 1];  /* EXECGATE_TOKEN */
     char claim[EG_SUN_PATH];       /* <dir of the socket>/claim.sock ("" if it does not fit) */
     /* the strings below are never NULL ("" when unknown) */
-    const char *snap;              /* <dir of the socket>/policy.snap */
+    const char *snap;              /* EXECGATE_SNAPSHOT if /proc/PID/fd/N, else
+                                      <dir of the socket>/policy.snap (protocol §6) */
     const char *wrapper;           /* EXECGATE_WRAPPER */
     const char *preload;           /* the interposer's own path, first in LD_PRELOAD */
     /* prebuilt "NAME=value" entries re-added to every exec's environment */
-    const char *env[6];
+    const char *env[7];
     int nenv;
 };
 

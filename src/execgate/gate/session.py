@@ -42,7 +42,7 @@ from execgate.gate.livepolicy import LivePolicy
 from execgate.gate.program import GatedExec, shebang
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import Answer, GateServer, Peer
-from execgate.gate.snapshot import write_atomically
+from execgate.gate.snapshot import SealedSnapshot, write_atomically
 from execgate.sandbox import SandboxSpec
 from execgate.visible import VisibleFormatter, visible
 
@@ -57,6 +57,7 @@ GATE_VARIABLES = (
     "EXECGATE_WRAPPER",
     "EXEC_WRAPPER",
     "BASH_EXEC_WRAPPER",
+    "EXECGATE_SNAPSHOT",
 )
 
 
@@ -229,6 +230,8 @@ class EscalationSession:
         self.claim_path = self.dir / "claim.sock"  # the launcher's (protocol §4)
         self.snapshot_path = self.dir / "policy.snap"
         write_atomically(self.snapshot_path, live.snapshot)
+        # Without a sandbox a gated process could replace the file: clients use a sealed copy.
+        self.sealed_snapshot = None if self.confined else SealedSnapshot(live.snapshot)
         self._unsubscribe = live.subscribe(self.publish_snapshot)
         self.interposer = native.native_path(native.INTERPOSER)
         self.wrapper = native.native_path(native.WRAPPER)
@@ -299,6 +302,7 @@ class EscalationSession:
             "EXECGATE_WRAPPER": wrapper,
             "EXEC_WRAPPER": wrapper,
             "BASH_EXEC_WRAPPER": wrapper,
+            **({"EXECGATE_SNAPSHOT": self.sealed_snapshot.path} if self.sealed_snapshot else {}),
         }
 
     def _with_preload(self, value: str | None) -> str:
@@ -344,6 +348,8 @@ class EscalationSession:
 
     def publish_snapshot(self, snapshot: bytes) -> None:
         write_atomically(self.snapshot_path, snapshot)
+        if self.sealed_snapshot is not None:
+            self.sealed_snapshot.publish(snapshot)
 
     # -- the main program ----------------------------------------------------------------
 
@@ -516,6 +522,8 @@ class EscalationSession:
             await self._server.aclose()
         if self.audit:
             self.audit.close()
+        if self.sealed_snapshot is not None:
+            self.sealed_snapshot.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

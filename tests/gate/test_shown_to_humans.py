@@ -17,9 +17,9 @@ import unicodedata
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from execgate.visible import command_line, quote_word, visible
@@ -41,6 +41,11 @@ nasty_text = st.text(
         st.characters(min_codepoint=0xDC80, max_codepoint=0xDCFF),  # undecodable bytes
     )
 )
+
+
+nasty_bytes = st.one_of(
+    st.binary(max_size=40), nasty_text.map(lambda t: t.encode("utf-8", "surrogateescape"))
+).filter(lambda b: b"\0" not in b)
 
 
 def _no_hidden(text: str) -> bool:
@@ -221,3 +226,22 @@ def test_interposer_denial_line_is_escaped(gate: Gate, tmp_path: Path) -> None:
         "execgate: denied: /bin/echo $'\\e]0;title\\a\\u2067x\\x9b' $'\\u009b2J': "
     ), err
     assert _no_hidden(err.splitlines()[0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(nasty_bytes, max_size=4))
+def test_interposer_denial_never_shows_hidden_characters(
+    tmp_path_factory: Any, args: list[bytes]
+) -> None:
+    """The C renderer on arbitrary bytes (invalid UTF-8, C1 as bytes and as characters, bidi):
+    one line of valid UTF-8 without a hidden character."""
+    gone = tmp_path_factory.getbasetemp() / "gone.sock"
+    preload = Path(sys.modules["execgate"].__file__ or "").parent / "_bin" / "libexecgate.so"
+    env = {"EXECGATE_SOCKET": str(gone), "EXECGATE_TOKEN": "0" * 32, "LD_PRELOAD": str(preload)}
+    result = subprocess.run(
+        [b"bash", b"-c", b'exec "$@"', b"bash", b"/bin/echo", *args], env=env, capture_output=True
+    )
+    assert result.returncode == 126 and result.stdout == b""
+    line = result.stderr.split(b"\n", 1)[0].decode("utf-8")  # strict: invalid bytes escaped
+    assert line.startswith("execgate: denied: /bin/echo")
+    assert _no_hidden(line), line

@@ -93,7 +93,8 @@ def run_list(args: argparse.Namespace) -> int:
              "pending": reply.get("pending", [])}
             for server, reply in listings
         ]  # fmt: skip
-        print(json.dumps({"servers": servers}, ensure_ascii=False, indent=2))
+        # ASCII only: a command's C1 controls or bidi overrides stay \u escapes on a terminal
+        print(json.dumps({"servers": servers}, ensure_ascii=True, indent=2))
         return 0
     if not listings:
         print(f"no execgate mcp server is running (looked in {run_dir()})")

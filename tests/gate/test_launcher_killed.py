@@ -26,7 +26,7 @@ sleep 0.5
 p=$$
 while [ "$p" -gt 1 ]; do
     read -r comm < /proc/$p/comm
-    if [ "$comm" = execgate-launch ]; then kill -9 "$p"; echo killed; break; fi
+    if [ "$comm" = execgate-launch ]; then echo killing; kill -9 "$p"; break; fi
     read -r _ _ _ p _ < /proc/$p/stat
 done
 exec -a {tag}-main sleep 1000
@@ -48,7 +48,8 @@ def _wait_none(tag: str, timeout: float = 30) -> list[str]:
 def test_killed_launcher_leaves_nothing_behind(gate: Gate) -> None:
     gate.write_rules("")
     result = gate.run(KILL_THE_LAUNCHER.format(tag=gate.tag), timeout=60)
-    assert b"killed" in result.stdout, result.stderr
+    assert b"killing" in result.stdout, result.stderr
+    assert b"the session launcher exited" in result.stderr, result.stderr
     assert _wait_none(gate.tag) == []
 
 
@@ -61,7 +62,8 @@ def test_killed_launcher_leaves_nothing_behind_strict_exec_escalated(gate: Gate)
         options=["--sandbox", "workspace-write", "--strict-exec"],
         timeout=60,
     )
-    assert b"killed" in result.stdout, result.stderr
+    assert b"killing" in result.stdout, result.stderr
+    assert b"the session launcher exited" in result.stderr, result.stderr
     assert _wait_none(gate.tag) == []
 
 
@@ -75,5 +77,6 @@ def test_killed_launcher_leaves_nothing_behind_unprivileged(
     tag = f"egtag{folder.name[-8:]}x"
     command = [*EXECGATE, "run", "--rules", str(rules), "--", "bash", "-c"]
     result = unprivileged.run([*command, KILL_THE_LAUNCHER.format(tag=tag)], cwd=folder)
-    assert b"killed" in result.stdout, result.stderr
+    assert b"killing" in result.stdout, result.stderr
+    assert b"the session launcher exited" in result.stderr, result.stderr
     assert _wait_none(tag) == []

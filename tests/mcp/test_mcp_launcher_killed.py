@@ -21,7 +21,7 @@ sleep 0.5
 p=$$
 while [ "$p" -gt 1 ]; do
     read -r comm < /proc/$p/comm
-    if [ "$comm" = execgate-launch ]; then kill -9 "$p"; echo killed; break; fi
+    if [ "$comm" = execgate-launch ]; then echo killing; kill -9 "$p"; break; fi
     read -r _ _ _ p _ < /proc/$p/stat
 done
 exec -a {tag}-main sleep 1000

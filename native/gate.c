@@ -134,29 +134,157 @@ int eg_exec_plan(const struct eg_plan *plan)
 
 /* ---------------------------------------------------------------- denial lines */
 
+/* The C twin of src/execgate/visible.py: what a human reads shows every character. Control
+ * characters (C0, DEL, C1), bidirectional marks/overrides/isolates, zero-width and other format
+ * characters, line/paragraph separators and bytes that are not UTF-8 are written escaped the
+ * way bash's $'...' reads them; a cut says how much is not shown. */
+
+/* Length of the well-formed UTF-8 sequence at s (at most n bytes) and its code point in *cp;
+ * 0 when s does not start one. */
+static size_t utf8_next(const unsigned char *s, size_t n, unsigned *cp)
+{
+    size_t len;
+    unsigned c = s[0], min;
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
+    if (c >= 0xC2 && c <= 0xDF)
+        len = 2, c &= 0x1F, min = 0x80;
+    else if (c >= 0xE0 && c <= 0xEF)
+        len = 3, c &= 0x0F, min = 0x800;
+    else if (c >= 0xF0 && c <= 0xF4)
+        len = 4, c &= 0x07, min = 0x10000;
+    else
+        return 0;
+    if (len > n)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        c = (c << 6) | (s[i] & 0x3F);
+    }
+    if (c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF))
+        return 0;
+    *cp = c;
+    return len;
+}
+
+/* Unicode Cc, Cf, Zl and Zp (the categories visible.py escapes). */
+static int cp_hidden(unsigned c)
+{
+    static const unsigned ranges[][2] = {
+        {0x00, 0x1F},       {0x7F, 0x9F},       {0xAD, 0xAD},       {0x600, 0x605},
+        {0x61C, 0x61C},     {0x6DD, 0x6DD},     {0x70F, 0x70F},     {0x890, 0x891},
+        {0x8E2, 0x8E2},     {0x180E, 0x180E},   {0x200B, 0x200F},   {0x2028, 0x202E},
+        {0x2060, 0x2064},   {0x2066, 0x206F},   {0xFEFF, 0xFEFF},   {0xFFF9, 0xFFFB},
+        {0x110BD, 0x110BD}, {0x110CD, 0x110CD}, {0x13430, 0x1343F}, {0x1BCA0, 0x1BCA3},
+        {0x1D173, 0x1D17A}, {0xE0001, 0xE0001}, {0xE0020, 0xE007F},
+    };
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
+        if (c >= ranges[i][0] && c <= ranges[i][1])
+            return 1;
+    return 0;
+}
+
+/* The escape of one hidden code point (raw: a byte that is not UTF-8) into out (>= 11 bytes). */
+static size_t escape_cp(char *out, unsigned c, int raw)
+{
+    static const char hex[] = "0123456789abcdef";
+    static const char named[] = "\a\b\t\n\v\f\r\033";
+    static const char letter[] = "abtnvfre";
+    const char *k = c && c < 0x80 ? memchr(named, (int)c, sizeof named - 1) : NULL;
+    if (k) {
+        out[0] = '\\', out[1] = letter[k - named];
+        return 2;
+    }
+    int digits = raw || c < 0x80 ? 2 : c <= 0xFFFF ? 4 : 8;
+    out[0] = '\\';
+    out[1] = digits == 2 ? 'x' : digits == 4 ? 'u' : 'U';
+    for (int i = 0; i < digits; i++)
+        out[2 + i] = hex[(c >> (4 * (digits - 1 - i))) & 0xF];
+    return (size_t)digits + 2;
+}
+
+/* How a word is written: as is, in '...', or in $'...' (escapes needed). */
+enum { WORD_BARE, WORD_SINGLE, WORD_ANSI };
+
+static int bare_ok(unsigned c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           (c && c < 0x80 && strchr("+-./:@]_", (int)c));
+}
+
+static int word_style(const unsigned char *w, size_t n)
+{
+    int style = n ? WORD_BARE : WORD_SINGLE;
+    for (size_t i = 0; i < n;) {
+        unsigned cp;
+        size_t len = utf8_next(w + i, n - i, &cp);
+        if (!len || cp_hidden(cp))
+            return WORD_ANSI;
+        if (cp == '\'')
+            style = WORD_ANSI;
+        else if (style == WORD_BARE && !bare_ok(cp))
+            style = WORD_SINGLE;
+        i += len;
+    }
+    return style;
+}
+
+/* Append text (free text if !quote, else the words of argv) to s, escaped; stop at max bytes of
+ * output with "… (N more bytes)". */
+static void render_visible(struct sb *s, char *const *words, int quote, size_t max)
+{
+    size_t start = s->len;
+    for (char *const *a = words; *a; a++) {
+        const unsigned char *w = (const unsigned char *)*a;
+        size_t n = strlen(*a), i = 0;
+        int style = quote ? word_style(w, n) : WORD_BARE;
+        char piece[16];
+        size_t plen;
+        if (a != words && quote)
+            sb_put(s, " ", 1);
+        if (style != WORD_BARE)
+            sb_str(s, style == WORD_ANSI ? "$'" : "'");
+        while (i < n) {
+            unsigned cp;
+            size_t len = utf8_next(w + i, n - i, &cp);
+            if (!len) {
+                plen = escape_cp(piece, w[i], 1), len = 1;
+            } else if (cp_hidden(cp)) {
+                plen = escape_cp(piece, cp, 0);
+            } else if (style == WORD_ANSI && (cp == '\\' || cp == '\'')) {
+                piece[0] = '\\', piece[1] = (char)cp, plen = 2;
+            } else {
+                memcpy(piece, w + i, len), plen = len;
+            }
+            if (s->len - start + plen > max) {
+                size_t hidden = n - i;
+                for (char *const *b = a + 1; *b; b++)
+                    hidden += 1 + strlen(*b);
+                char num[24];
+                sb_str(s, "\xe2\x80\xa6 (");
+                sb_put(s, num, eg_fmt_long(num, (long long)hidden));
+                sb_str(s, hidden == 1 ? " more byte)" : " more bytes)");
+                return;
+            }
+            sb_put(s, piece, plen);
+            i += len;
+        }
+        if (style != WORD_BARE)
+            sb_put(s, "'", 1);
+    }
+}
+
 static void render_cmd(struct sb *s, char *const *argv, const char *path)
 {
     enum { CMD_MAX = 240 };
-    size_t start = s->len;
-    int any = 0;
-    if (argv)
-        for (char *const *a = argv; *a; a++) {
-            if (any)
-                sb_put(s, " ", 1);
-            any = 1;
-            for (const unsigned char *c = (const unsigned char *)*a; *c; c++) {
-                char ch = (*c < 0x20 || *c == 0x7f) ? '?' : (char)*c;
-                sb_put(s, &ch, 1);
-                if (s->len - start > CMD_MAX)
-                    break;
-            }
-            if (s->len - start > CMD_MAX) {
-                sb_str(s, "...");
-                return;
-            }
-        }
-    if (!any)
-        sb_str(s, path && *path ? path : "(unknown program)");
+    char *const fallback[] = {(char *)(path && *path ? path : "(unknown program)"), NULL};
+    if (argv && argv[0])
+        render_visible(s, argv, 1, CMD_MAX);
+    else /* a description or a path, not a command */
+        render_visible(s, fallback, 0, CMD_MAX);
 }
 
 void eg_deny_line(char *const *argv, const char *path, const char *reason, const char *detail)
@@ -173,9 +301,8 @@ void eg_deny_line_fd(int fd, char *const *argv, const char *path, const char *re
     sb_str(&s, "execgate: denied: ");
     render_cmd(&s, argv, path);
     sb_str(&s, ": ");
-    sb_str(&s, reason);
-    if (detail)
-        sb_str(&s, detail);
+    char *const texts[] = {(char *)reason, (char *)(detail ? detail : ""), NULL};
+    render_visible(&s, texts, 0, 600);
     buf[s.len++] = '\n';
     eg_write_all(fd, buf, s.len);
 }
@@ -232,7 +359,7 @@ static const char *arena_put(const char *name, const char *value, size_t vlen)
  * absolute preload, and the other LD_* variables of ld.so(8) do not load objects. */
 static const char *const gate_names[] = {
     "EXECGATE_SOCKET", "EXECGATE_TOKEN", "EXECGATE_WRAPPER", "EXEC_WRAPPER",
-    "BASH_EXEC_WRAPPER", "LD_PRELOAD", "LD_AUDIT", "GLIBC_TUNABLES",
+    "BASH_EXEC_WRAPPER", "EXECGATE_SNAPSHOT", "LD_PRELOAD", "LD_AUDIT", "GLIBC_TUNABLES",
 };
 static const char *const loader_names[] = {"LD_AUDIT", "GLIBC_TUNABLES"};
 #define N_GATE_NAMES (sizeof gate_names / sizeof gate_names[0])
@@ -253,6 +380,27 @@ static int is_lower_hex(const char *s, size_t n)
         if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
             return 0;
     return 1;
+}
+
+/* "/proc/PID/fd/N": the server's sealed snapshot descriptor (protocol §6); nothing else. */
+static int is_proc_fd_path(const char *s)
+{
+    static const char a[] = "/proc/", b[] = "/fd/";
+    if (!s || strlen(s) > 40 || strncmp(s, a, sizeof a - 1) != 0)
+        return 0;
+    s += sizeof a - 1;
+    if (*s < '1' || *s > '9')
+        return 0;
+    while (*s >= '0' && *s <= '9')
+        s++;
+    if (strncmp(s, b, sizeof b - 1) != 0)
+        return 0;
+    s += sizeof b - 1;
+    if (*s < '0' || *s > '9')
+        return 0;
+    while (*s >= '0' && *s <= '9')
+        s++;
+    return *s == '\0';
 }
 
 void eg_session_load(char *const *envp, const char *preload_self)
@@ -286,7 +434,9 @@ void eg_session_load(char *const *envp, const char *preload_self)
         char snap[EG_SUN_PATH + sizeof "/policy.snap"];
         memcpy(snap, S->sock, dir);
         memcpy(snap + dir, "/policy.snap", sizeof "/policy.snap");
-        S->snap = arena_put(NULL, snap, strlen(snap));
+        const char *sealed = eg_getenv(envp, "EXECGATE_SNAPSHOT");
+        S->snap = is_proc_fd_path(sealed) ? arena_put(NULL, sealed, strlen(sealed))
+                                          : arena_put(NULL, snap, strlen(snap));
         static const char claim[] = "/claim.sock";
         if (dir + sizeof claim <= sizeof S->claim) {
             memcpy(S->claim, S->sock, dir);
@@ -326,6 +476,9 @@ void eg_session_load(char *const *envp, const char *preload_self)
         S->env[S->nenv++] = arena_put("EXECGATE_SOCKET", sock, strlen(sock));
     if (token)
         S->env[S->nenv++] = arena_put("EXECGATE_TOKEN", token, strlen(token));
+    const char *sealed = eg_getenv(envp, "EXECGATE_SNAPSHOT");
+    if (sealed)
+        S->env[S->nenv++] = arena_put("EXECGATE_SNAPSHOT", sealed, strlen(sealed));
     if (S->wrapper[0]) {
         size_t n = strlen(S->wrapper);
         S->env[S->nenv++] = arena_put("EXECGATE_WRAPPER", S->wrapper, n);

@@ -31,12 +31,13 @@ struct eg_session {
     char token[EG_TOKEN_LEN + 1];  /* EXECGATE_TOKEN */
     char claim[EG_SUN_PATH];       /* <dir of the socket>/claim.sock ("" if it does not fit) */
     /* the strings below are never NULL ("" when unknown) */
-    const char *snap;              /* <dir of the socket>/policy.snap */
+    const char *snap;              /* EXECGATE_SNAPSHOT if /proc/PID/fd/N, else
+                                      <dir of the socket>/policy.snap (protocol §6) */
     const char *wrapper;           /* EXECGATE_WRAPPER */
     const char *preload;           /* the interposer's own path, first in LD_PRELOAD */
     /* prebuilt "NAME=value" entries re-added to every exec's environment: the gate's, and the
      * loader variables LD_AUDIT and GLIBC_TUNABLES as this process was loaded with them */
-    const char *env[8];
+    const char *env[9];
     int nenv;
 };
 
@@ -104,7 +105,9 @@ size_t eg_env_size(char *const *envp);
 char **eg_env_build(char *const *envp, void *mem, size_t cap);
 
 /* Write "execgate: denied: <cmd>: <reason><detail>\n" to fd 2 (cmd rendered from argv, or
- * `path` when argv is empty). */
+ * `path` when argv is empty). Every text is rendered visible (control and bidi characters,
+ * bytes that are not UTF-8 escaped; a cut says how many bytes it hides). Async-signal- and
+ * vfork-safe: no malloc, no locale, no stdio. */
 void eg_deny_line(char *const *argv, const char *path, const char *reason, const char *detail);
 void eg_deny_line_fd(int fd, char *const *argv, const char *path, const char *reason,
                      const char *detail);

@@ -85,7 +85,7 @@ def test_allow_once_runs_it(prompting: Gate) -> None:
         prompting.env,
         prompting.root,
     )
-    term.expect(rb"`other push now` requires approval: it publishes")
+    term.expect(rb"/bin/other push now` requires approval: it publishes")
     term.expect(
         rb"rule: +" + re.escape(str(prompting.rules).encode()) + rb":1 \(prefix `other push`\)"
     )

@@ -190,7 +190,7 @@ def test_modern_client_that_never_retries(mcp: Mcp) -> None:
             [(key, request)] = (first.input_requests or {}).items()
             assert isinstance(request, types.ElicitRequest)
             assert isinstance(request.params, types.ElicitRequestFormParams)
-            assert "`askme` requires approval" in request.params.message
+            assert "/bin/askme` requires approval" in request.params.message
             # nobody answers: after 1 s the exec is denied and the script goes on
             await asyncio.to_thread(mcp.wait_for, rc_file.exists, "the denial")
             assert rc_file.read_text() == "rc=126\n"

@@ -162,5 +162,5 @@ def test_raw_wire_exchange_as_codex_sends_it(mcp: Mcp) -> None:
     assert result["structuredContent"]["output"] == "a\x00be\n"
     assert b'"structuredContent"' in raw[2]
     [asked] = elicitations
-    assert "`askme yes` requires approval" in asked["message"]
+    assert "/bin/askme yes` requires approval" in asked["message"]
     assert json.loads(replies[3]["result"]["content"][0]["text"])["output"] == "askme ran:yes\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _show_warnings_visibly()
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler | None = getattr(args, "handler", None)
@@ -61,3 +63,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 70
+
+
+def _show_warnings_visibly() -> None:
+    """Warnings logged without a configured handler reach the terminal through logging's last
+    resort; render them visible there too (they name commands and paths from gated processes)."""
+    from execgate.visible import VisibleFormatter
+
+    fallback = logging.StreamHandler(sys.stderr)
+    fallback.setLevel(logging.WARNING)
+    fallback.setFormatter(VisibleFormatter("%(message)s"))
+    logging.lastResort = fallback

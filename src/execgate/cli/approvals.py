@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from execgate.errors import ExecgateError
+from execgate.visible import command_line, quote_word, visible
 
 
 def register(subparsers: Any) -> None:
@@ -92,7 +93,8 @@ def run_list(args: argparse.Namespace) -> int:
              "pending": reply.get("pending", [])}
             for server, reply in listings
         ]  # fmt: skip
-        print(json.dumps({"servers": servers}, ensure_ascii=False, indent=2))
+        # ASCII only: a command's C1 controls or bidi overrides stay \u escapes on a terminal
+        print(json.dumps({"servers": servers}, ensure_ascii=True, indent=2))
         return 0
     if not listings:
         print(f"no execgate mcp server is running (looked in {run_dir()})")
@@ -104,20 +106,40 @@ def run_list(args: argparse.Namespace) -> int:
         return 0
     now = time.time()
     for server, q in pending:
+        for line in _describe(q, now):
+            print(line)
         options = "once, session" + (", always" if q.get("offer_always") else "") + ", deny"
-        print(f"{q['id']}  waiting {_age(now - q.get('asked_at', now))}  {q['command']}")
-        print(f"    program: {q['program']}")
-        print(f"    argv:    {json.dumps(q['argv'], ensure_ascii=False)}")
-        print(f"    cwd:     {q['cwd']}")
-        for rule in q.get("rules", []):
-            print(f"    rule:    {rule['location']} (prefix `{' '.join(rule['prefix'])}`)")
-        if q.get("justification"):
-            print(f"    why:     {q['justification']}")
-        call = q.get("tool_call", {})
-        print(f"    agent's command: {call.get('command', '')}  (in {call.get('workdir', '')})")
-        print(f"    server:  pid {server.pid}; asked via {q.get('asked_via')}; answers: {options}")
-        print(f"    answer:  execgate approvals allow|deny {q['id']}")
+        print(f"    server:  pid {server.pid}; answers: {options}")
     return 0
+
+
+def _describe(q: dict[str, Any], now: float) -> list[str]:
+    """One pending approval as lines a human can trust: the command as judged (the program
+    that was identified, then the arguments), every text rendered visible."""
+    argv = [str(word) for word in q.get("argv", [])]
+    program = str(q.get("program", ""))
+    question_id = visible(str(q.get("id", "")), 100)
+    lines = [
+        f"{question_id}  waiting {_age(now - q.get('asked_at', now))}  "
+        f"{command_line([program, *argv[1:]], 2000)}",
+        f"    argv:    {command_line(argv, 2000)}",
+        f"    cwd:     {quote_word(str(q.get('cwd', '')))}",
+    ]
+    for rule in q.get("rules", []):
+        location, prefix = visible(str(rule["location"])), command_line(rule["prefix"])
+        lines.append(f"    rule:    {location} (prefix `{prefix}`)")
+    if q.get("justification"):
+        lines.append(f"    why:     {visible(str(q['justification']), 1000)}")
+    call = q.get("tool_call", {})
+    lines.append(
+        f"    agent's command: {visible(str(call.get('command', '')), 400)}"
+        f"  (in {quote_word(str(call.get('workdir', '')))})"
+    )
+    lines.append(
+        f"    asked via {visible(str(q.get('asked_via')))}; "
+        f"answer: execgate approvals allow|deny {question_id}"
+    )
+    return lines
 
 
 def _find(question_id: str) -> Any:
@@ -160,7 +182,7 @@ def _answer(question_id: str, answer: str, reason: str | None) -> int:
     if not reply.get("ok"):
         raise ExecgateError(str(reply.get("error", "the server refused the answer")))
     verb = "denied" if answer == "deny" else f"allowed ({answer})"
-    print(f"{full_id}: {verb}: {reply.get('command', '')}")
+    print(f"{visible(full_id, 100)}: {verb}: {visible(str(reply.get('command', '')), 2000)}")
     return 0
 
 

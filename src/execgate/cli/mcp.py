@@ -14,7 +14,9 @@ from typing import Any
 from execgate.cli.options import add_gate_arguments
 from execgate.config import load_config
 from execgate.errors import ExecgateError
+from execgate.gate import orphans
 from execgate.sandbox import SandboxSpec, add_sandbox_arguments, require_support, sandbox_from_args
+from execgate.visible import VisibleFormatter
 
 
 def register(subparsers: Any) -> None:
@@ -83,7 +85,7 @@ def _shell(value: str | None) -> str:
 
 def _configure_logging(args: argparse.Namespace) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("execgate mcp: %(levelname)s: %(message)s"))
+    handler.setFormatter(VisibleFormatter("execgate mcp: %(levelname)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)
@@ -95,6 +97,7 @@ def run_mcp(args: argparse.Namespace) -> int:
     from execgate.mcp_front import McpOptions, serve
 
     _configure_logging(args)
+    orphans.adopt_orphans()  # what a killed launcher leaves behind is ours to kill
     config = load_config()
     cwd = Path.cwd()
     approval_timeout = (

@@ -13,6 +13,7 @@ from typing import Any
 from execgate.cli.options import add_gate_arguments
 from execgate.config import load_config
 from execgate.errors import ExecgateError
+from execgate.gate import orphans
 from execgate.gate.askers import DenyingAsker, TerminalAsker
 from execgate.gate.escalation import Asker
 from execgate.gate.livepolicy import GatePolicy, PolicySource
@@ -41,6 +42,7 @@ def run_command(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise ExecgateError("no command given: execgate run [OPTIONS] -- CMD...", exit_status=2)
+    orphans.adopt_orphans()  # what a killed launcher leaves behind is ours to kill
     status = asyncio.run(_run(args, command))
     code = os.waitstatus_to_exitcode(status)
     if code < 0:  # died of a signal: die of the same one, so our caller sees the truth

@@ -20,6 +20,7 @@ from execgate.gate.escalation import (
     rule_location,
 )
 from execgate.gate.program import parent_chain
+from execgate.visible import command_line, quote_word, visible
 
 _CHOICES = {
     "o": Answer.ALLOW_ONCE,
@@ -46,19 +47,31 @@ class DenyingAsker:
 
 
 def describe(request: ApprovalRequest) -> list[str]:
-    """The lines a human sees: command, program, cwd, process chain, the rules that ask."""
+    """The lines a human sees: the command as judged (the identified program), what the caller
+    called it, cwd, process chain, the rules that ask. Every text is rendered visible."""
     exec_ = request.exec
-    chain = " ← ".join(f"{comm} ({pid})" for pid, comm in parent_chain(exec_.pid, depth=4))
+    chain = " ← ".join(
+        f"{quote_word(comm)} ({pid})" for pid, comm in parent_chain(exec_.pid, depth=4)
+    )
+    justification = request.judgement.justification()
     lines = [
-        f"execgate: `{exec_.display()}` requires approval"
-        + (f": {j}" if (j := request.judgement.justification()) else ""),
-        f"  program: {exec_.realpath or exec_.path}",
-        f"  cwd:     {exec_.cwd}",
+        f"execgate: `{exec_.display_judged()}` requires approval"
+        + (f": {visible(justification, 1000)}" if justification else "")
+    ]
+    if exec_.argv0_differs():
+        lines.append(f"  argv[0]: {quote_word(exec_.argv[0])} (the name the caller gave it)")
+    if exec_.realpath and exec_.path != exec_.realpath:
+        lines.append(f"  path:    {quote_word(exec_.path)} (as executed)")
+    for interp in exec_.interpreters:
+        words = [interp.file.realpath or interp.name, *([interp.arg] if interp.arg else [])]
+        lines.append(f"  interpreter: {command_line(words)}")
+    lines += [
+        f"  cwd:     {quote_word(exec_.cwd)}",
         f"  process: {chain or exec_.pid}",
     ]
     for match in request.judgement.deciding_matches():
-        prefix = " ".join(match.matched_prefix)
-        lines.append(f"  rule:    {rule_location(match)} (prefix `{prefix}`)")
+        prefix = command_line(match.matched_prefix)
+        lines.append(f"  rule:    {visible(rule_location(match))} (prefix `{prefix}`)")
     return lines
 
 

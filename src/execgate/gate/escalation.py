@@ -18,6 +18,7 @@ from typing import Protocol
 from execgate.gate.identity import FileId, files_named_by
 from execgate.gate.program import GatedExec, commands_to_judge, is_loader, loader_loads_an_auditor
 from execgate.policy import Decision, Evaluation, Policy, RuleMatch
+from execgate.visible import visible
 
 
 class Verdict(Enum):
@@ -152,7 +153,7 @@ class ApprovalRequest:
 
     def summary(self) -> str:
         why = self.judgement.justification() or "requires approval by policy"
-        return f"{self.exec.display()}: {why}"
+        return f"{self.exec.display()}: {visible(why, 1000)}"
 
 
 class Answer(Enum):

@@ -31,8 +31,10 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from execgate.errors import ExecgateError
+from execgate.gate import orphans
 from execgate.gate.channel import Channel, ChannelClosed
 from execgate.gate.protocol import (
     MAX_FDS,
@@ -173,7 +175,7 @@ class Launcher:
         self._writing = False  # a writer callback is registered
         self._written: asyncio.Future[None] = self._loop.create_future()
         self._written.set_result(None)  # what _enqueue returns for a frame written at once
-        self._posted: set[asyncio.Task[None]] = set()
+        self._posted: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._shutdown_task: asyncio.Task[None] | None = None
         self._exit: asyncio.Future[int] = self._loop.create_future()
@@ -229,6 +231,7 @@ class Launcher:
                 if claim_path is not None:
                     claim_path.unlink(missing_ok=True)
                 raise LauncherError(f"cannot start {path}: {exc.strerror}") from None
+            orphans.own(process.pid)
         finally:
             theirs.close()
             if claims is not None:
@@ -242,6 +245,7 @@ class Launcher:
         if said != b"ready\n":
             ours.close()
             status = await asyncio.get_running_loop().run_in_executor(None, process.wait)
+            orphans.disown(process.pid)
             raise LauncherError(f"{path} failed to start (status {status})")
         return cls(process, Channel(ours), sandbox, claim_path)
 
@@ -450,6 +454,11 @@ class Launcher:
             if pidfd >= 0:
                 self._loop.remove_reader(pidfd)
                 os.close(pidfd)
+            orphans.disown(self.pid)
+            if self._shutdown_task is None:  # lost, not shut down: kill what it left behind
+                sweep = self._loop.create_task(orphans.kill_adopted())
+                self._posted.add(sweep)
+                sweep.add_done_callback(self._posted.discard)
             if not self._exit.done():
                 self._exit.set_result(status)
 
@@ -519,6 +528,9 @@ class Launcher:
         except TimeoutError:  # a launcher that does not end: last resort
             self._process.kill()
             await self._exit
+        # What a launcher that was killed under the session left behind (then adopted by
+        # this process, if it is a subreaper) dies with the session.
+        await orphans.kill_adopted()
         # Its end of the channel closed with it: the reader sees EOF right away.
         try:
             await asyncio.wait_for(asyncio.shield(self._reader), timeout=5.0)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from execgate.gate.identity import ExecFile, FileId, Interpreter
 from execgate.gate.protocol import ExecRequest
-from execgate.policy.codex_text import render_command
+from execgate.visible import command_line
 
 # glibc's dynamic loader names (any architecture).
 _LOADER = re.compile(r"^ld(-linux)?([-.][\w.-]*)?\.so(\.\d+)*$|^ld\.so$")
@@ -96,11 +96,32 @@ class GatedExec:
             words = [interp.name, *([interp.arg] if interp.arg else []), *words]
         return words
 
+    @property
+    def program(self) -> str:
+        """The file that was identified and judged."""
+        return self.realpath or self.path
+
     def display(self, limit: int = 300) -> str:
-        """The command as a person would recognise it (for one-line messages)."""
+        """The command as the caller wrote it (its ``argv[0]``), for one-line messages."""
         words = [self.argv[0] if self.argv and self.argv[0] else self.path, *self.argv[1:]]
-        text = render_command(words)
-        return text if len(text) <= limit else text[: limit - 1] + "…"
+        return command_line(words, limit)
+
+    def display_judged(self, limit: int = 2000) -> str:
+        """The command as policy judged it: the identified program, then the arguments (the
+        caller's ``argv[0]`` can be any name: ``exec -a ls /usr/bin/rm``)."""
+        return command_line([self.program, *self.argv[1:]], limit)
+
+    def argv0_differs(self) -> bool:
+        """Whether the caller's ``argv[0]`` names another program than the one identified."""
+        if not self.argv:
+            return False
+        argv0 = self.argv[0]
+        if argv0 in (self.path, self.program):
+            return False
+        return "/" in argv0 or argv0 not in (
+            posixpath.basename(self.path),
+            posixpath.basename(self.program),
+        )
 
 
 def runs_file(program: ExecFile, interpreters: tuple[Interpreter, ...]) -> ExecFile:

@@ -45,7 +45,9 @@ from execgate.gate.livepolicy import LivePolicy
 from execgate.gate.program import GatedExec, runs_file
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import Answer, GateServer, Peer
+from execgate.gate.snapshot import SealedSnapshot
 from execgate.sandbox import SandboxSpec
+from execgate.visible import VisibleFormatter, visible
 
 log = logging.getLogger("execgate.session")
 # Every escalation (a program let out of the sandbox), for the record: front ends send it to
@@ -58,6 +60,7 @@ GATE_VARIABLES = (
     "EXECGATE_WRAPPER",
     "EXEC_WRAPPER",
     "BASH_EXEC_WRAPPER",
+    "EXECGATE_SNAPSHOT",
 )
 
 
@@ -111,7 +114,7 @@ def log_escalations(path: Path | None = None) -> Path | None:
     except OSError as exc:
         log.warning("cannot log escalations to %s: %s", path, exc.strerror)
         return None
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    handler.setFormatter(VisibleFormatter("%(asctime)s %(message)s"))
     escalations.addHandler(handler)
     escalations.setLevel(logging.INFO)
     return path
@@ -140,10 +143,12 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
         return any(real == r or r in real.parents for r in roots)
 
     candidates = _session_dir_candidates()
+    remove_stale_session_dirs(candidates)
     for base in sorted(candidates, key=writable):  # stable: outside-the-sandbox ones first
         try:
             make_private_dir(base)
             path = Path(tempfile.mkdtemp(prefix=f"execgate-{os.getuid()}-", dir=base))
+            (path / _OWNER).write_text(_owner_of(os.getpid()) + "\n")
         except OSError:
             continue
         if len(os.fsencode(path / "claim.sock")) < 100:  # sun_path limit (and gate.sock)
@@ -153,6 +158,48 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
         "found no folder for the session socket (tried $XDG_RUNTIME_DIR, /dev/shm, "
         "$EXECGATE_HOME/run, /tmp)"
     )
+
+
+# A session folder names the server that owns it: "PID STARTTIME" (the start time tells a
+# reused pid apart). A server killed with SIGKILL cannot remove its folder; the next one does.
+_OWNER = "owner"
+
+
+def _owner_of(pid: int) -> str:
+    """``"PID STARTTIME"`` for a running process, ``""`` if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return ""
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return f"{pid} {int(fields[19])}" if len(fields) > 19 else ""
+
+
+def remove_stale_session_dirs(bases: Sequence[Path]) -> list[Path]:
+    """Remove our session folders whose owning server is gone; returns them. A folder whose
+    owner is alive, or that names no owner (being created, or older execgate), stays."""
+    removed = []
+    prefix = f"execgate-{os.getuid()}-"
+    for base in bases:
+        try:
+            entries = [e for e in os.scandir(base) if e.name.startswith(prefix)]
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if not entry.is_dir(follow_symlinks=False) or st.st_uid != os.getuid():
+                    continue
+                owner = (Path(entry.path) / _OWNER).read_text().strip()
+            except (OSError, UnicodeDecodeError):
+                continue
+            pid, _, _ = owner.partition(" ")
+            if not pid.isdigit() or _owner_of(int(pid)) == owner:
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+    return removed
 
 
 class EscalationSession:
@@ -194,6 +241,8 @@ class EscalationSession:
         self.claim_path = self.dir / "claim.sock"  # the launcher's (protocol §4)
         self.snapshot_path = self.dir / "policy.snap"
         write_atomically(self.snapshot_path, live.snapshot, mode=0o444)
+        # Without a sandbox a gated process could replace the file: clients use a sealed copy.
+        self.sealed_snapshot = None if self.confined else SealedSnapshot(live.snapshot)
         self._unsubscribe = live.subscribe(self.publish_snapshot)
         self.interposer = native.native_path(native.INTERPOSER)
         self.wrapper = native.native_path(native.WRAPPER)
@@ -267,6 +316,7 @@ class EscalationSession:
             "EXECGATE_WRAPPER": wrapper,
             "EXEC_WRAPPER": wrapper,
             "BASH_EXEC_WRAPPER": wrapper,
+            **({"EXECGATE_SNAPSHOT": self.sealed_snapshot.path} if self.sealed_snapshot else {}),
         }
 
     def _with_preload(self, value: str | None) -> str:
@@ -315,6 +365,8 @@ class EscalationSession:
 
     def publish_snapshot(self, snapshot: bytes) -> None:
         write_atomically(self.snapshot_path, snapshot, mode=0o444)
+        if self.sealed_snapshot is not None:
+            self.sealed_snapshot.publish(snapshot)
 
     # -- the main program ----------------------------------------------------------------
 
@@ -363,7 +415,7 @@ class EscalationSession:
 
     @staticmethod
     def denial(exec_: GatedExec, reason: str) -> str:
-        return f"execgate: denied: {exec_.display()}: {reason}"
+        return f"execgate: denied: {exec_.display()}: {visible(reason, 2000)}"
 
     def answer_exec(self, request: ExecRequest, fds: Sequence[int], peer: Peer) -> Answer:
         """``fds``: the descriptors that came with the request (the program, then each
@@ -512,6 +564,8 @@ class EscalationSession:
             await self._server.aclose()
         if self.audit:
             self.audit.close()
+        if self.sealed_snapshot is not None:
+            self.sealed_snapshot.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -8,6 +8,7 @@ server uses to judge a hard link under another name as the program it is.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import posixpath
 import struct
@@ -123,3 +124,48 @@ def build_snapshot(
                 snapshot.files.add(file_id)
     snapshot.aliases = {k: tuple(sorted(v)) for k, v in aliases.items()}
     return snapshot
+
+
+class SealedSnapshot:
+    """The snapshot for sessions without a sandbox, where a gated process (same user) could
+    replace any file of the session folder: a memfd sealed against every change, always at the
+    same descriptor number of this process. Clients open it as ``/proc/<server pid>/fd/<n>``
+    (``EXECGATE_SNAPSHOT``, protocol §6); a policy change puts a new memfd at that number with
+    ``dup2``, which is atomic. Inside a Landlock sandbox ``/proc/<server>/fd`` is out of reach,
+    so sandboxed sessions use the file (read-only there)."""
+
+    _SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+    _LOWEST_FD = 100  # out of the way of descriptors that are passed on by number
+
+    def __init__(self, data: bytes) -> None:
+        sealed = _sealed_memfd(data)
+        try:
+            self.fd = fcntl.fcntl(sealed, fcntl.F_DUPFD_CLOEXEC, self._LOWEST_FD)
+        finally:
+            os.close(sealed)
+        self.path = f"/proc/{os.getpid()}/fd/{self.fd}"
+
+    def publish(self, data: bytes) -> None:
+        sealed = _sealed_memfd(data)
+        try:
+            os.dup2(sealed, self.fd, inheritable=False)
+        finally:
+            os.close(sealed)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _sealed_memfd(data: bytes) -> int:
+    fd = os.memfd_create("execgate-policy.snap", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SealedSnapshot._SEALS)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

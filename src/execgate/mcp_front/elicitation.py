@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import os
 import time
@@ -37,6 +36,7 @@ import mcp_types as types
 from execgate.gate.askers import describe
 from execgate.gate.escalation import Answer, Approval, ApprovalRequest, no_one_to_ask, rule_location
 from execgate.gate.session import AuditLog
+from execgate.visible import command_line, quote_word, visible
 
 log = logging.getLogger("execgate.mcp")
 
@@ -145,11 +145,8 @@ def form_message(question: Question) -> str:
     """What the human reads: the exact program, argv, cwd, process, rule and justification."""
     exec_ = question.request.exec
     lines = describe(question.request)
-    lines.insert(2, f"  argv:    {json.dumps(list(exec_.argv), ensure_ascii=False)}")
-    command = question.call.command
-    if len(command) > 400:
-        command = command[:400] + " …"
-    lines.append(f"  asked by the agent's shell command: {command}")
+    lines.insert(1, f"  argv:    {command_line(exec_.argv, 2000)}")
+    lines.append(f"  asked by the agent's shell command: {visible(question.call.command, 400)}")
     lines.append(
         f"Allow it? (approval {question.id}; also answerable with "
         f"`execgate approvals allow|deny {question.id}`)"
@@ -315,9 +312,10 @@ class NoElicitation:
     def open(self, question: Question) -> None:
         text = (
             f"approval {question.id} needed: `{question.request.exec.display()}` in "
-            f"{question.request.exec.cwd} ({question.request.summary()}). The MCP client cannot "
-            f"ask (no elicitation); answer from a terminal: execgate approvals allow "
-            f"{question.id}   (or: execgate approvals deny {question.id}; execgate approvals list)"
+            f"{quote_word(question.request.exec.cwd)} ({question.request.summary()}). "
+            "The MCP client cannot ask (no elicitation); answer from a terminal: "
+            f"execgate approvals allow {question.id}   "
+            f"(or: execgate approvals deny {question.id}; execgate approvals list)"
         )
         log.warning("%s", text)
         if self._notify is not None:

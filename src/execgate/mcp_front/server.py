@@ -55,6 +55,7 @@ from execgate.mcp_front.elicitation import (
     NoElicitation,
     elicit_request,
 )
+from execgate.mcp_front.malformed import AnsweringMalformed
 from execgate.mcp_front.reload import Loaded, PolicyReloader
 from execgate.mcp_front.tool import (
     TOOL_NAME,
@@ -203,12 +204,16 @@ class McpFrontEnd:
         try:
             async with stdio_server() as (read_stream, write_stream):
                 await self.server.run(
-                    read_stream,
+                    AnsweringMalformed(read_stream, write_stream),
                     write_stream,
                     self.server.create_initialization_options(
                         experimental_capabilities=SANDBOX_STATE_CAPABILITY
                     ),
                 )
+        except* (BrokenPipeError, ConnectionResetError):
+            # The client went away while we still had something to say (an elicitation, a
+            # result): the end of the connection, not an error.
+            log.info("the MCP client is gone")
         finally:
             watcher.cancel()
             with anyio.CancelScope(shield=True):

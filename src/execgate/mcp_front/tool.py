@@ -99,6 +99,10 @@ def tool_definition() -> types.Tool:
 # -- arguments ------------------------------------------------------------------------------
 
 
+# Linux's MAX_ARG_STRLEN (32 pages), NUL included: the most one argument of an exec can hold.
+MAX_COMMAND_BYTES = 32 * 4096
+
+
 class ToolArgumentError(Exception):
     """Arguments the tool cannot run with; the message is shown to the model as is."""
 
@@ -123,6 +127,13 @@ def parse_arguments(arguments: Mapping[str, Any] | None, *, default_login: bool)
             "`command` is required and must be a string (the bash command to run)"
             if command is None
             else f"`command` must be a string, got {_json_type(command)}"
+        )
+    size = len(command.encode("utf-8", "surrogatepass"))
+    if size >= MAX_COMMAND_BYTES:
+        raise ToolArgumentError(
+            f"`command` is too long: {size} bytes (bash gets it as one argument, and an "
+            f"argument holds at most {MAX_COMMAND_BYTES - 1} bytes); write a script file and "
+            "run that"
         )
     workdir = arguments.get("workdir")
     if workdir is None:

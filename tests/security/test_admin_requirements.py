@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from mcpharness import Mcp, clean_up, make_world, payload, shell_args
 
-from conftest import (
+from .conftest import (
     FORBID_MARKER,
     Homes,
     Keys,

@@ -64,9 +64,9 @@ class Interpreter:
 def parse_shebang(head: bytes) -> tuple[bytes, bytes] | None:
     """The kernel's binfmt_script parser (fs/binfmt_script.c), byte for byte the same as the
     client's: ``(interpreter, argument)`` from the first 256 bytes, or None (not a script)."""
-    buf = head[:SHEBANG_BUFFER].ljust(SHEBANG_BUFFER, b"\0")
-    if buf[:2] != b"#!":
+    if not head.startswith(b"#!"):
         return None
+    buf = head[:SHEBANG_BUFFER].ljust(SHEBANG_BUFFER, b"\0")
     blank = b" \t"
     end = SHEBANG_BUFFER - 1
     i_end = buf.find(b"\n")

@@ -336,13 +336,7 @@ class Launcher:
             argv=argv,
             env=env,
         )
-        copy = os.dup(program)  # ours until it is written; the launcher keeps its own
-        posted = self._enqueue(frame, [copy])
-        if posted is self._written:
-            os.close(copy)
-        else:
-            posted.add_done_callback(lambda _: os.close(copy))
-        return posted
+        return self._enqueue(frame, [program], borrowed=True)
 
     async def shutdown(self, grace: float = 0.5) -> None:
         """SIGTERM every process of the session, SIGKILL what is left after ``grace`` seconds,
@@ -373,8 +367,12 @@ class Launcher:
         if not self._closed:
             self._enqueue(frame).add_done_callback(_ignore_outcome)
 
-    def _enqueue(self, frame: bytes, fds: Sequence[int] = ()) -> asyncio.Future[None]:
-        """Queue a frame behind the others and write what can be written right now."""
+    def _enqueue(
+        self, frame: bytes, fds: Sequence[int] = (), *, borrowed: bool = False
+    ) -> asyncio.Future[None]:
+        """Queue a frame behind the others and write what can be written right now.
+        ``borrowed``: ``fds`` are only valid during this call; a frame that has to wait
+        takes duplicates along (closed once it is written)."""
         if len(fds) > MAX_FDS:
             raise ProtocolError(f"too many fds: {len(fds)}")
         done: asyncio.Future[None]
@@ -396,6 +394,10 @@ class Launcher:
             if sent:
                 frame, fds = frame[sent:], ()  # the descriptors went with the first byte
         done = self._loop.create_future()
+        if borrowed and fds:
+            copies = [os.dup(fd) for fd in fds]
+            fds = copies
+            done.add_done_callback(lambda _: _close_all(copies))
         self._outgoing.append(_Outgoing(frame, fds, done))
         if len(self._outgoing) == 1:
             self._write()
@@ -539,6 +541,11 @@ class Launcher:
         self._closed = True
         self._fail_outgoing("the session launcher has shut down")
         self._channel.close()
+
+
+def _close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _ignore_outcome(future: asyncio.Future[None]) -> None:

@@ -3,6 +3,7 @@ tests (and users with unusual setups) never touch the real ones."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -44,3 +45,40 @@ def user_default_rules_file() -> Path:
 
 def cache_dir() -> Path:
     return execgate_home() / "cache"
+
+
+def log_dir() -> Path:
+    return execgate_home() / "log"
+
+
+#: The longest file name a control channel puts in :func:`control_dir` (``mcp-<pid>.sock``).
+_CONTROL_NAME_MAX = len("mcp-4194304.sock")
+_SUN_PATH_MAX = 100  # bytes; the kernel's limit is 108 including the NUL
+
+
+def control_dir() -> Path:
+    """Where running servers keep their control sockets and the files that describe them
+    (``execgate approvals`` finds servers there). Every sandbox hides this folder, so it is
+    kept apart from the session folders: ``$EXECGATE_HOME/control``, or, when a socket path
+    there would not fit in a socket address, a folder named after ``$EXECGATE_HOME`` under
+    ``$XDG_RUNTIME_DIR`` (else ``/tmp``)."""
+    folder = execgate_home() / "control"
+    if len(os.fsencode(folder)) + 1 + _CONTROL_NAME_MAX < _SUN_PATH_MAX:
+        return folder
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    home = hashlib.sha256(os.fsencode(os.path.abspath(execgate_home()))).hexdigest()[:16]
+    return Path(base) / f"execgate-control-{os.getuid()}-{home}"
+
+
+def state_paths() -> list[Path]:
+    """Everything that decides what a session may do, or records it: execgate's home (rules,
+    ``config.toml``, trusted projects, caches, logs, approvals, control sockets), the system
+    folders of execgate and Codex (rules, admin requirements), and Codex's user rules folders.
+    No gated process may write any of them."""
+    return [
+        execgate_home(),
+        system_dir(),
+        codex_system_dir(),
+        codex_home() / "rules",
+        Path.home() / ".codex" / "rules",
+    ]

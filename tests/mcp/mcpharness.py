@@ -148,6 +148,14 @@ class Mcp:
             check=check,
         )
 
+    def control_dir(self) -> Path:
+        """Where this test's servers keep their control sockets (``paths.control_dir``)."""
+        code = "from execgate.paths import control_dir; print(control_dir())"
+        found = subprocess.run(
+            [sys.executable, "-c", code], env=self.env, capture_output=True, text=True, check=True
+        )
+        return Path(found.stdout.strip())
+
     def pending(self) -> list[dict[str, Any]]:
         listing = json.loads(self.approvals("list", "--json", check=True).stdout)
         return [q for server in listing["servers"] for q in server["pending"]]

@@ -175,6 +175,16 @@ class SandboxSpec:
             spec = replace(spec, exec_dirs=(*spec.exec_dirs, *extra))
         return spec
 
+    def within(self, bounds: Sequence[Path]) -> tuple[SandboxSpec, list[Path]]:
+        """This spec with its writable roots limited to those inside ``bounds`` (canonical
+        directories), and the roots that were dropped: a client may narrow what is writable,
+        never widen it."""
+        kept = [r for r in self.writable_roots if any(_under(r, b) for b in bounds)]
+        dropped = [r for r in self.writable_roots if r not in kept]
+        if not dropped:
+            return self, []
+        return replace(self, writable_roots=tuple(kept)), dropped
+
     def describe(self) -> str:
         """One line for logs and messages."""
         if not self.confines:

@@ -73,10 +73,12 @@ def control_dir() -> Path:
 def state_paths() -> list[Path]:
     """Everything that decides what a session may do, or records it: execgate's home (rules,
     ``config.toml``, trusted projects, caches, logs, approvals, control sockets), the system
-    folders of execgate and Codex (rules, admin requirements), and Codex's user rules folders.
+    folders of execgate and Codex (rules, admin requirements), and Codex's user rules folders,
+    also the default ones when variables move them (a later run may not set the variables).
     No gated process may write any of them."""
     return [
         execgate_home(),
+        Path.home() / ".execgate",
         system_dir(),
         codex_system_dir(),
         codex_home() / "rules",

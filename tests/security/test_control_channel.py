@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,20 +25,27 @@ def _rules(folder: Path) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in sorted(folder.rglob("*.rules")) if p.is_file()}
 
 
+@pytest.mark.parametrize("via", ["mcp", "run"])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_gated_command_cannot_reach_or_answer_the_approvals_socket(world: World, mode: str) -> None:
+def test_gated_command_cannot_reach_or_answer_the_approvals_socket(
+    world: World, mode: str, via: str
+) -> None:
+    """``via``: the attacker runs inside the MCP call that asked (``mcp``), or in an
+    ``execgate run`` session of the same user next to the server (``run``)."""
     m = world.mcp
     script = m.work / "attack_control.py"
     shutil.copy(HERE / "attack_control.py", script)
     go, done = m.work / "go", m.work / "done"
     control = m.control_dir()
-    rules_dirs = [Path(m.env[name]) for name in ("EXECGATE_HOME", "CODEX_HOME", "HOME")]
-    before = [_rules(d) for d in rules_dirs]
     # The user's own rules (layered policy): an `always` answer would append to them.
     m.write_rules(m.rules.read_text(), Path(m.env["EXECGATE_HOME"]) / "rules" / "test.rules")
+    rules_dirs = [Path(m.env[name]) for name in ("EXECGATE_HOME", "CODEX_HOME", "HOME")]
+    before = [_rules(d) for d in rules_dirs]
     if world.user:
         world.user.chown_tree(m.root)
-    command = f"askme now & /usr/bin/python3 {script} {control} {go} {done}; wait; echo end"
+    attack = ["/usr/bin/python3", str(script), str(control), str(go), str(done)]
+    command = "askme now & " + (f"{' '.join(attack)}; " if via == "mcp" else "") + "wait; echo end"
+    run_output: list[str] = []
 
     own: list[str] = []  # the server's socket, as its discovery file names it
 
@@ -55,13 +63,20 @@ def test_gated_command_cannot_reach_or_answer_the_approvals_socket(world: World,
             [descriptor] = control.glob("mcp-*.json")
             own.append(json.loads(descriptor.read_text())["socket"])
             go.touch()
+            if via == "run":
+                argv = [sys.executable, "-m", "execgate", "run", "--rules", str(m.rules)]
+                session = [*argv, *MODES[mode], "--", *attack]
+                ran = await asyncio.to_thread(world.run, session)
+                assert ran.returncode == 0, ran.stderr
+                run_output.append(ran.stdout)
             await asyncio.to_thread(m.wait_for, done.exists, "the attack to finish", 90)
             # The human's channel still works: the question is still pending, and answerable.
             remaining = await asyncio.to_thread(pending)
             denied = await asyncio.to_thread(world.approvals, "deny", str(question["id"]))
             data = payload(await call)
         output = data["output"]
-        line = next(x for x in output.splitlines() if x.startswith("ATTACK "))
+        said = run_output[0] if via == "run" else output
+        line = next(x for x in said.splitlines() if x.startswith("ATTACK "))
         reports = json.loads(line.removeprefix("ATTACK "))
         assert [r["who"] for r in reports] == ["process", "orphan"]
         for report in reports:

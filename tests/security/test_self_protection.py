@@ -1,10 +1,12 @@
 """execgate's own files (issue #6 item 3): installed the README's way — a virtual environment
-inside the project, which is the session's writable root — nothing a session runs can change
-what execgate runs or loads, and a session refuses to start when a native file is not the one
-that was installed (``_bin/manifest.json``).
+inside the project, which is the session's writable root — or with ``pip --user`` while the
+home folder is the workspace, nothing a session runs can change what execgate runs or loads,
+and a session refuses to start when a native file is not the one that was installed
+(``_bin/manifest.json``).
 
-The installation is real: a venv created inside the workspace, with this checkout installed
-into it by pip (its dependencies come from the test environment through a ``.pth`` file).
+The installations are real: pip installs this checkout into a venv created inside the
+workspace, or into the user scheme of the base interpreter (the dependencies come from the test
+environment through a ``.pth`` file).
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ RULES = 'prefix_rule(["marker"], "forbidden", justification="marker must not run
 
 @dataclass
 class Installed:
-    workspace: Path  # the project: the venv is inside it
-    venv: Path
+    kind: str  # "venv" or "user"
+    workspace: Path  # the session's working directory: the installation is inside it
+    home: Path
+    prefix: Path  # the venv, or the user base (~/.local)
+    script: Path  # the `execgate` console script
     package: Path  # site-packages/execgate
     user: Any | None  # the unprivileged user owning it all (when the tests run as root)
 
@@ -47,11 +52,11 @@ class Installed:
         if self.user is not None:
             owner = (self.user.uid, self.user.gid) if as_user else (0, 0)
             subprocess.run(
-                ["chown", "-R", "-h", f"{owner[0]}:{owner[1]}", str(self.workspace.parent)],
+                ["chown", "-R", "-h", f"{owner[0]}:{owner[1]}", str(self.home.parent)],
                 check=True,
             )
-        argv = [str(self.venv / "bin" / "execgate"), *args]
-        home = self.workspace.parent / "home"
+        argv = [str(self.script), *args]
+        home = self.home
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "LANG": "C.UTF-8",
@@ -69,9 +74,9 @@ class Installed:
         )
 
     def snapshot(self) -> dict[str, str]:
-        """Every file of the venv (and of the package) by digest; links by target."""
+        """Every file of the installation by digest; links by target."""
         found: dict[str, str] = {}
-        for path in sorted(self.venv.rglob("*")):
+        for path in sorted(self.prefix.rglob("*")):
             if path.is_symlink():
                 found[str(path)] = "-> " + os.readlink(path)
             elif path.is_file():
@@ -81,7 +86,27 @@ class Installed:
         return found
 
 
-@pytest.fixture(scope="session")
+def _pip_install(python: Path, *options: str, env: dict[str, str] | None = None) -> None:
+    result = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-deps", *options, str(CHECKOUT)],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def _purelib(python: Path, *, user: bool = False, env: dict[str, str] | None = None) -> Path:
+    code = (
+        "import site; print(site.getusersitepackages())"
+        if user
+        else "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    )
+    found = subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    return Path(found.stdout.strip())
+
+
+@pytest.fixture(scope="session", params=["venv", "user"])
 def installed(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Installed:
@@ -90,29 +115,34 @@ def installed(
         with contextlib.suppress(pytest.skip.Exception):
             user = request.getfixturevalue("unprivileged")
     root = user.make_dir() if user else tmp_path_factory.mktemp("installed")
-    workspace = root / "project"
-    workspace.mkdir()
-    (root / "home").mkdir()
+    home = root / "home"
+    home.mkdir()
+    # This environment's packages (execgate's dependencies, pip) for the new installation.
+    deps = sysconfig.get_paths()["purelib"] + "\n"
+    if request.param == "venv":
+        workspace = root / "project"
+        workspace.mkdir()
+        prefix = workspace / ".venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(prefix)], check=True)
+        python = prefix / "bin" / "python"
+        site = _purelib(python)
+        (site / "test-dependencies.pth").write_text(deps)
+        _pip_install(python)
+    else:  # pip --user, the home folder being the workspace
+        workspace = home
+        prefix = home / ".local"
+        python = Path(sys.base_prefix) / "bin" / "python3"
+        env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+        site = _purelib(python, user=True, env=env)
+        site.mkdir(parents=True)
+        (site / "test-dependencies.pth").write_text(deps)
+        _pip_install(python, "--user", env=env)
     (workspace / "rules").write_text(RULES)
-    venv = workspace / ".venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    site = Path(
-        subprocess.run(
-            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()
-    )  # fmt: skip
-    # This environment's packages (execgate's dependencies, pip) for the new venv.
-    (site / "test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    result = subprocess.run(
-        [python, "-m", "pip", "install", "-q", "--no-deps", str(CHECKOUT)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
     package = site / "execgate"
     assert (package / "_bin" / "manifest.json").is_file()
-    return Installed(workspace=workspace, venv=venv, package=package, user=user)
+    script = prefix / "bin" / "execgate"
+    assert script.is_file()
+    return Installed(request.param, workspace, home, prefix, script, package, user)
 
 
 #: name -> bash that tries it (exit status 0 = it worked).
@@ -128,19 +158,28 @@ ATTACKS = {
     "edit a module": 'printf "raise SystemExit(9)\\n" >> "$PKG/cli/__init__.py"',
     "add a module": 'printf "x = 1\\n" > "$PKG/evil.py"',
     "add a .pth file": 'printf "import os\\n" > "$PKG/../evil.pth"',
-    "replace the venv's python": 'ln -sf /bin/sh "$VENV/bin/python"',
-    "rename the venv's python": 'mv "$VENV/bin/python3" "$VENV/bin/python3.off"',
-    "edit the console script": 'printf "\\nexit 0\\n" >> "$VENV/bin/execgate"',
-    "edit pyvenv.cfg": 'printf "include-system-site-packages = true\\n" >> "$VENV/pyvenv.cfg"',
+    "edit the console script": 'printf "\\nexit 0\\n" >> "$SCRIPT"',
+    "replace the console script": 'ln -sf /bin/true "$SCRIPT"',
 }
+#: Only for a venv: its interpreter and configuration.
+VENV_ATTACKS = {
+    "replace the venv's python": 'ln -sf /bin/sh "$PREFIX/bin/python"',
+    "rename the venv's python": 'mv "$PREFIX/bin/python3" "$PREFIX/bin/python3.off"',
+    "edit pyvenv.cfg": 'printf "include-system-site-packages = true\\n" >> "$PREFIX/pyvenv.cfg"',
+}
+
+
+def _attacks(installed: Installed) -> dict[str, str]:
+    return {**ATTACKS, **(VENV_ATTACKS if installed.kind == "venv" else {})}
 
 
 def _script(installed: Installed) -> str:
     lines = [
-        f"BIN={installed.bin}; PKG={installed.package}; VENV={installed.venv}",
+        f"BIN={installed.bin}; PKG={installed.package}; PREFIX={installed.prefix}",
+        f"SCRIPT={installed.script}",
         'try_it() { name=$1; shift; ( eval "$1" ) 2>/dev/null; echo "$name=$?"; }',
     ]
-    for name, attack in ATTACKS.items():
+    for name, attack in _attacks(installed).items():
         lines.append(f"try_it {name.replace(' ', '_').replace(chr(39), '')!r} {attack!r}")
     lines.append('printf ok > ./written && echo "workspace=$?"')
     return "\n".join(lines)
@@ -166,8 +205,8 @@ def test_a_session_cannot_change_what_execgate_runs_or_loads(
     )
     assert result.returncode == 0, result.stderr
     verdicts = _results(result.stdout)
-    assert verdicts.pop("workspace") == "0"  # the venv's folder is writable otherwise
-    assert len(verdicts) == len(ATTACKS)
+    assert verdicts.pop("workspace") == "0"  # the folder holding it is writable otherwise
+    assert len(verdicts) == len(_attacks(installed))
     assert all(status != "0" for status in verdicts.values()), verdicts
     assert installed.snapshot() == before
     # The installation still works: the next session opens (the manifest checks out).

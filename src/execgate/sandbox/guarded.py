@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import site
 import stat
 import sys
 import sysconfig
@@ -67,11 +68,19 @@ def installation_paths() -> tuple[Path, ...]:
     return tuple(p for p in found if os.path.exists(p))
 
 
-def _make_state_dirs(spec: SandboxSpec) -> None:
-    """Create the state folders that do not exist yet but would be writable: a carve-out
-    needs something to mount, and a missing rules folder inside a writable root could
-    otherwise be created, with rules in it, from inside."""
-    for path in paths.state_paths():
+def _user_site() -> list[Path]:
+    """The user site-packages folder when this interpreter would load it (``.pth`` files and
+    ``usercustomize`` there run in every later ``execgate``), existing or not."""
+    if not site.ENABLE_USER_SITE:
+        return []
+    return [Path(site.getusersitepackages())]
+
+
+def _make_missing_dirs(spec: SandboxSpec) -> None:
+    """Create the state folders (and the user site-packages) that do not exist yet but would
+    be writable: a carve-out needs something to mount, and a missing rules folder inside a
+    writable root could otherwise be created, with rules in it, from inside."""
+    for path in [*paths.state_paths(), *_user_site()]:
         if os.path.lexists(path) or not spec.allows_write(path):
             continue
         try:
@@ -87,8 +96,8 @@ def guard(spec: SandboxSpec) -> tuple[list[Path], list[Path]]:
         return [], []
     control = paths.control_dir()
     ensure_control_dir(control)
-    _make_state_dirs(spec)
-    readonly = [*installation_paths(), *paths.state_paths()]
+    _make_missing_dirs(spec)
+    readonly = [*installation_paths(), *_user_site(), *paths.state_paths()]
     return [p for p in readonly if os.path.lexists(p)], [control]
 
 

@@ -62,12 +62,16 @@ def control_dir() -> Path:
     kept apart from the session folders: ``$EXECGATE_HOME/control``, or, when a socket path
     there would not fit in a socket address, a folder named after ``$EXECGATE_HOME`` under
     ``$XDG_RUNTIME_DIR`` (else ``/tmp``)."""
-    folder = execgate_home() / "control"
-    if len(os.fsencode(folder)) + 1 + _CONTROL_NAME_MAX < _SUN_PATH_MAX:
-        return folder
-    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
     home = hashlib.sha256(os.fsencode(os.path.abspath(execgate_home()))).hexdigest()[:16]
-    return Path(base) / f"execgate-control-{os.getuid()}-{home}"
+    name = f"execgate-control-{os.getuid()}-{home}"
+    candidates = [execgate_home() / "control"]
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        candidates.append(Path(runtime) / name)
+    for folder in candidates:
+        if len(os.fsencode(folder)) + 1 + _CONTROL_NAME_MAX < _SUN_PATH_MAX:
+            return folder
+    return Path("/tmp") / name
 
 
 def state_paths() -> list[Path]:

@@ -207,6 +207,21 @@ def clean_up(m: Mcp) -> None:
     for line in m.leftovers():
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(line.split()[0]), 9)
+    remove_control_dir(m.env, m.root)
+
+
+def remove_control_dir(env: dict[str, str], root: Path) -> None:
+    """Remove the test's control folder when it lies outside ``root`` (a long ``root`` puts it
+    in /tmp) and servers left it empty."""
+    from unittest import mock
+
+    from execgate.paths import control_dir
+
+    with mock.patch.dict(os.environ, env, clear=True):
+        folder = control_dir()
+    if root not in folder.parents:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def payload(result: types.CallToolResult) -> dict[str, Any]:

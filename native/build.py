@@ -10,6 +10,8 @@ module, and the interposer must not link anything but libc (every gated exec loa
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shlex
 import subprocess
@@ -29,6 +31,10 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
     "execgate-wrapper": (["wrapper.c", "gate.c", "claim.c", "common.c"], ["-static"]),
     "execgate-launch": (["launch.c", "sandbox.c", "common.c"], []),
 }
+
+#: Written next to the binaries: each one's SHA-256, checked whenever a session opens
+#: (``execgate.native.verified_native``), so a replaced file is refused, not loaded.
+MANIFEST = "manifest.json"
 
 CFLAGS = ["-std=gnu11", "-O2", "-g", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 
@@ -65,7 +71,18 @@ def build(out_dir: Path, *, force: bool = False) -> list[Path]:
         if result.stderr:
             sys.stderr.write(result.stderr)
         tmp.replace(output)  # atomic: a running test never sees a half-written binary
+    outputs.append(write_manifest(out_dir, outputs))
     return outputs
+
+
+def write_manifest(out_dir: Path, files: list[Path]) -> Path:
+    """Record the SHA-256 of every built file in ``out_dir/manifest.json``."""
+    digests = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    manifest = out_dir / MANIFEST
+    tmp = manifest.with_name(manifest.name + ".tmp")
+    tmp.write_text(json.dumps({"sha256": digests}, indent=1, sort_keys=True) + "\n")
+    tmp.replace(manifest)
+    return manifest
 
 
 if __name__ == "__main__":

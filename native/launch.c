@@ -1506,8 +1506,8 @@ static void usage(void)
 {
     note("usage: execgate-launch --control FD [--claim-fd FD] "
          "[--sandbox read-only|workspace-write|off] "
-         "[--writable DIR]... [--readonly PATH]... [--protect NAME]... [--network] "
-         "[--strict-exec] [--exec-dir PATH]...\n"
+         "[--writable DIR]... [--readonly PATH]... [--protect NAME]... [--hide DIR]... "
+         "[--network] [--strict-exec] [--exec-dir PATH]...\n"
          "       execgate-launch --probe [SANDBOX OPTIONS]");
 }
 

@@ -181,6 +181,8 @@ int sb_parse_option(struct sb_config *c, int argc, char **argv, int *i, char *er
         list = &c->readonly;
     else if (!strcmp(opt, "--exec-dir"))
         list = &c->exec_dirs;
+    else if (!strcmp(opt, "--hide"))
+        list = &c->hide;
     else if (!strcmp(opt, "--protect")) {
         list = &c->protect;
         absolute = 0;
@@ -316,6 +318,20 @@ static int bind_readonly(const char *path, char *msg, size_t cap)
         return fail(msg, cap, errno, "cannot bind-mount %s read-only", path);
     if (set_readonly(path, AT_RECURSIVE) < 0)
         return fail(msg, cap, errno, "cannot make %s read-only (mount_setattr)", path);
+    return 0;
+}
+
+/* Mount an empty, read-only tmpfs over the directory path, so nothing below it (control
+ * sockets, their discovery files) can be reached by name from this namespace. A path that does
+ * not exist or is not a directory is skipped (nothing there to hide). */
+static int hide_dir(const char *path, char *msg, size_t cap)
+{
+    struct stat st;
+    if (stat(path, &st) < 0 || !S_ISDIR(st.st_mode))
+        return 0;
+    if (mount("execgate-hidden", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              "mode=0555") < 0)
+        return fail(msg, cap, errno, "cannot hide %s (mount tmpfs)", path);
     return 0;
 }
 
@@ -718,7 +734,7 @@ int sb_apply(const struct sb_config *c, const char *cwd, char *msg, size_t cap)
      * otherwise best effort: without it an unprivileged user keeps control of the metadata of
      * their own files outside the roots (docs/sandbox.md). */
     const char *how = NULL;
-    int need = carve.n > 0 || geteuid() == 0;
+    int need = carve.n > 0 || c->hide.n > 0 || geteuid() == 0;
     char nsmsg[256] = "";
     r = enter_mount_ns(&how, nsmsg, sizeof nsmsg);
     if (r < 0 && need) {
@@ -730,6 +746,10 @@ int sb_apply(const struct sb_config *c, const char *cwd, char *msg, size_t cap)
             goto out;
         for (int i = 0; i < carve.n; i++)
             if ((r = bind_readonly(carve.v[i], msg, cap)) < 0)
+                goto out;
+        /* Last, so a hidden folder inside a carve-out is covered too. */
+        for (int i = 0; i < c->hide.n; i++)
+            if ((r = hide_dir(c->hide.v[i], msg, cap)) < 0)
                 goto out;
     }
     /* After the mounts, so a cwd inside a carve-out resolves to the read-only mount. */

@@ -5,7 +5,8 @@
  *                 the system directories and listed ones; TCP bind/connect denied (ABI >= 4)
  *                 when the network is off; signals and abstract Unix sockets scoped (ABI >= 6).
  *   mount ns      `.git` & co. inside writable roots and explicit read-only paths are bind-mounted
- *                 read-only in a private mount namespace (a user namespace when unprivileged).
+ *                 read-only in a private mount namespace (a user namespace when unprivileged);
+ *                 hidden directories (control sockets) get an empty read-only tmpfs on top.
  *   capabilities  the bounding, inheritable and ambient sets are emptied (root stays uid 0 but
  *                 has no capability left, also after exec).
  *   seccomp       socket() only for AF_UNIX when the network is off; io_uring, TIOCSTI and
@@ -34,6 +35,7 @@ struct sb_config {
     struct sb_list readonly;  /* --readonly PATH: kept read-only even inside a writable root */
     struct sb_list protect;   /* --protect NAME: <root>/NAME kept read-only in every root */
     struct sb_list exec_dirs; /* --exec-dir PATH: extra places programs may be executed from */
+    struct sb_list hide;      /* --hide DIR: an empty read-only directory mounted over it */
 };
 
 /* The Landlock ABI the confined profiles need at least (TRUNCATE, Linux 6.2). */

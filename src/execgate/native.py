@@ -1,8 +1,13 @@
-"""Where the compiled native programs live inside the installed package."""
+"""Where the compiled native programs live inside the installed package, and the check that
+they are still the ones that were installed (``_bin/manifest.json``, written by the build)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
+import json
+import os
+import stat
 from pathlib import Path
 
 from execgate.errors import ExecgateError
@@ -10,14 +15,77 @@ from execgate.errors import ExecgateError
 INTERPOSER = "libexecgate.so"
 WRAPPER = "execgate-wrapper"
 LAUNCHER = "execgate-launch"
+#: ``{"sha256": {name: hex digest}}`` for every native file (native/build.py writes it).
+MANIFEST = "manifest.json"
+
+_REINSTALL = "reinstall the package (pip install .) so the build compiles native/"
+
+# (path, dev, ino, size, mtime_ns, ctime_ns) of files already found intact: a file that is
+# replaced or written to changes one of them (ctime cannot be set back), so it is hashed again.
+_verified: set[tuple[str, int, int, int, int, int]] = set()
+
+
+def bin_dir() -> Path:
+    """The package's ``_bin`` folder (canonical)."""
+    return Path(str(importlib.resources.files("execgate") / "_bin")).resolve()
 
 
 def native_path(name: str) -> Path:
     """Absolute path of a native program shipped in the package (``execgate/_bin``)."""
-    path = Path(str(importlib.resources.files("execgate") / "_bin" / name)).resolve()
+    path = (bin_dir() / name).resolve()
     if not path.exists():
-        raise ExecgateError(
-            f"execgate's native program {name} is missing at {path}; "
-            "reinstall the package (pip install .) so the build compiles native/"
-        )
+        raise ExecgateError(f"execgate's native program {name} is missing at {path}; {_REINSTALL}")
     return path
+
+
+def _digest_of(path: Path) -> tuple[str, tuple[str, int, int, int, int, int]]:
+    """SHA-256 of the regular file at ``path`` (not following a final symlink), and its
+    identity; ExecgateError when it cannot be read or is not a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ExecgateError(f"cannot read execgate's native file {path}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ExecgateError(f"execgate's native file {path} is not a regular file")
+        key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if key in _verified:
+            return "", key
+        digest = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):
+            digest.update(chunk)
+        return digest.hexdigest(), key
+    except OSError as exc:
+        raise ExecgateError(f"cannot read execgate's native file {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def verify_installation() -> None:
+    """Check that every native file is readable, regular and has the digest recorded when the
+    package was built; raise a one-line :class:`ExecgateError` otherwise. A session must not
+    load an interposer, wrapper or launcher that is not what was installed."""
+    folder = bin_dir()
+    manifest = folder / MANIFEST
+    try:
+        recorded = json.loads(manifest.read_text(encoding="utf-8"))["sha256"]
+        if not isinstance(recorded, dict) or not recorded:
+            raise ValueError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ExecgateError(
+            f"execgate's native manifest {manifest} is unreadable; {_REINSTALL}"
+        ) from None
+    for name in (INTERPOSER, WRAPPER, LAUNCHER):
+        expected = recorded.get(name)
+        if not isinstance(expected, str):
+            raise ExecgateError(f"execgate's native manifest does not list {name}; {_REINSTALL}")
+        digest, key = _digest_of(folder / name)
+        if key in _verified:
+            continue
+        if digest != expected:
+            raise ExecgateError(
+                f"execgate's native file {folder / name} is not the one that was installed "
+                f"(its SHA-256 differs from {manifest.name}); {_REINSTALL}"
+            )
+        _verified.add(key)

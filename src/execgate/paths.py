@@ -5,6 +5,7 @@ which only root can move: they hold the requirements that bind ordinary users.""
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from pathlib import Path
 
@@ -69,3 +70,46 @@ def user_default_rules_file() -> Path:
 
 def cache_dir() -> Path:
     return execgate_home() / "cache"
+
+
+def log_dir() -> Path:
+    return execgate_home() / "log"
+
+
+#: The longest file name a control channel puts in :func:`control_dir` (``mcp-<pid>.sock``).
+_CONTROL_NAME_MAX = len("mcp-4194304.sock")
+_SUN_PATH_MAX = 100  # bytes; the kernel's limit is 108 including the NUL
+
+
+def control_dir() -> Path:
+    """Where running servers keep their control sockets and the files that describe them
+    (``execgate approvals`` finds servers there). Every sandbox hides this folder, so it is
+    kept apart from the session folders: ``$EXECGATE_HOME/control``, or, when a socket path
+    there would not fit in a socket address, a folder named after ``$EXECGATE_HOME`` under
+    ``$XDG_RUNTIME_DIR`` (else ``/tmp``)."""
+    home = hashlib.sha256(os.fsencode(os.path.abspath(execgate_home()))).hexdigest()[:16]
+    name = f"execgate-control-{os.getuid()}-{home}"
+    candidates = [execgate_home() / "control"]
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        candidates.append(Path(runtime) / name)
+    for folder in candidates:
+        if len(os.fsencode(folder)) + 1 + _CONTROL_NAME_MAX < _SUN_PATH_MAX:
+            return folder
+    return Path("/tmp") / name
+
+
+def state_paths() -> list[Path]:
+    """Everything that decides what a session may do, or records it: execgate's home (rules,
+    ``config.toml``, trusted projects, caches, logs, approvals, control sockets), the system
+    folders of execgate and Codex (rules, admin requirements), and Codex's user rules folders,
+    also the default ones when variables move them (a later run may not set the variables).
+    No gated process may write any of them."""
+    return [
+        execgate_home(),
+        Path.home() / ".execgate",
+        system_dir(),
+        codex_system_dir(),
+        codex_home() / "rules",
+        Path.home() / ".codex" / "rules",
+    ]

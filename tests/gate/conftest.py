@@ -12,8 +12,11 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pytest
+
+from execgate.paths import control_dir
 
 EXECGATE = [sys.executable, "-m", "execgate"]
 
@@ -137,3 +140,9 @@ def gate(tmp_path: Path, marker_binary: Path) -> Iterator[Gate]:
         pid = int(line.split()[0])
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
+    # A long tmp_path puts the control folder sessions create in /tmp: remove it when empty.
+    with mock.patch.dict(os.environ, env, clear=True):
+        control = control_dir()
+    if tmp_path not in control.parents:
+        with contextlib.suppress(OSError):
+            control.rmdir()

@@ -148,6 +148,14 @@ class Mcp:
             check=check,
         )
 
+    def control_dir(self) -> Path:
+        """Where this test's servers keep their control sockets (``paths.control_dir``)."""
+        code = "from execgate.paths import control_dir; print(control_dir())"
+        found = subprocess.run(
+            [sys.executable, "-c", code], env=self.env, capture_output=True, text=True, check=True
+        )
+        return Path(found.stdout.strip())
+
     def pending(self) -> list[dict[str, Any]]:
         listing = json.loads(self.approvals("list", "--json", check=True).stdout)
         return [q for server in listing["servers"] for q in server["pending"]]
@@ -199,6 +207,21 @@ def clean_up(m: Mcp) -> None:
     for line in m.leftovers():
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(line.split()[0]), 9)
+    remove_control_dir(m.env, m.root)
+
+
+def remove_control_dir(env: dict[str, str], root: Path) -> None:
+    """Remove the test's control folder when it lies outside ``root`` (a long ``root`` puts it
+    in /tmp) and servers left it empty."""
+    from unittest import mock
+
+    from execgate.paths import control_dir
+
+    with mock.patch.dict(os.environ, env, clear=True):
+        folder = control_dir()
+    if root not in folder.parents:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def payload(result: types.CallToolResult) -> dict[str, Any]:

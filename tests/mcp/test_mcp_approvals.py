@@ -121,8 +121,8 @@ def test_approvals_cli_errors_and_stale_servers(mcp: Mcp) -> None:
     assert result.returncode == 0
     assert "no execgate mcp server is running" in result.stdout
     # a server that died without cleaning up
-    run = mcp.root / "execgate-home" / "run"
-    run.mkdir(parents=True, exist_ok=True)
+    run = mcp.control_dir()
+    run.mkdir(mode=0o700, parents=True, exist_ok=True)
     stale = run / "mcp-999999999.json"
     stale.write_text(json.dumps({"pid": 999999999, "socket": str(run / "gone.sock")}))
     result = mcp.approvals("allow", "999999999.1")

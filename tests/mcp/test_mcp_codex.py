@@ -42,9 +42,10 @@ def test_sandbox_state_update_maps_codex_policies(mcp: Mcp) -> None:
         return _verdicts(data["output"])
 
     async def scenario() -> None:
-        async with mcp.client(*WS) as client:
-            # before any update: the configured profile (workspace-write on the workdir)
-            assert await writes(client) == {"work": "0", "outside": "1", "extra": "1"}
+        extra = str(mcp.root / "extra")
+        async with mcp.client(*WS, "--writable-root", extra) as client:
+            # before any update: the configured profile (the workspace and --writable-root)
+            assert await writes(client) == {"work": "0", "outside": "1", "extra": "0"}
             # newer Codex clients may send the state with each call instead
             per_call = {"sandboxPolicy": {"type": "danger-full-access"}, "sandboxCwd": "/"}
             result = await client.call_tool(
@@ -57,7 +58,7 @@ def test_sandbox_state_update_maps_codex_policies(mcp: Mcp) -> None:
                 "outside": "0",
                 "extra": "0",
             }
-            assert await writes(client) == {"work": "0", "outside": "1", "extra": "1"}
+            assert await writes(client) == {"work": "0", "outside": "1", "extra": "0"}
             await update(client, {"sandboxPolicy": {"type": "danger-full-access"},
                                   "sandboxCwd": str(mcp.work)})  # fmt: skip
             assert await writes(client) == {"work": "0", "outside": "0", "extra": "0"}
@@ -79,6 +80,16 @@ def test_sandbox_state_update_maps_codex_policies(mcp: Mcp) -> None:
                 },
             )
             assert await writes(client) == {"work": "0", "outside": "1", "extra": "0"}
+            # the client narrows what is writable, never widens it past the server's bounds
+            await update(
+                client,
+                {
+                    "sandboxPolicy": {"type": "workspace-write", "writable_roots": [
+                        str(mcp.outside), "/"], "exclude_slash_tmp": True},
+                    "sandboxCwd": str(mcp.work),
+                },
+            )  # fmt: skip
+            assert await writes(client) == {"work": "0", "outside": "1", "extra": "1"}
             # Codex's errors for bad requests
             with pytest.raises(MCPError) as raised:
                 await update(client, {"sandboxPolicy": {"type": "Bogus"}, "sandboxCwd": "/"})
@@ -91,7 +102,7 @@ def test_sandbox_state_update_maps_codex_policies(mcp: Mcp) -> None:
                 await update(client, {})
             assert raised.value.error.message == "missing params for sandbox state request"
             # a rejected update changed nothing
-            assert await writes(client) == {"work": "0", "outside": "1", "extra": "0"}
+            assert await writes(client) == {"work": "0", "outside": "1", "extra": "1"}
 
     asyncio.run(scenario())
 

@@ -282,3 +282,38 @@ def test_sandbox_check_cli_prints_support_and_profiles() -> None:
         assert out.count(" works") >= 5
     else:
         assert done.returncode == 1
+
+
+def test_gate_paths_carve_out_only_inside_roots_and_never_a_root(tmp_path: Path) -> None:
+    """Read-only carve-outs are kept only where a root would let them be written, never on a
+    root itself or above one; hidden folders are passed whatever the roots."""
+    (tmp_path / "proj" / ".venv").mkdir(parents=True)
+    spec = build_spec("workspace-write", cwd=tmp_path / "proj", env=ENV, exclude_tmp=True)
+    guarded = spec.with_gate_paths(
+        readonly=[tmp_path / "proj" / ".venv", tmp_path / "proj", tmp_path, Path("/usr")],
+        hidden=[tmp_path / "control"],
+    )
+    assert guarded.readonly_paths == (real(tmp_path / "proj" / ".venv"),)
+    assert guarded.hidden_paths == (real(tmp_path / "control"),)
+    args = guarded.launcher_args()
+    assert args[args.index("--hide") + 1] == str(real(tmp_path / "control"))
+    assert not guarded.allows_write(tmp_path / "proj" / ".venv" / "bin" / "python")
+    assert guarded.allows_write(tmp_path / "proj" / "src.c")
+    assert OFF.with_gate_paths(readonly=[tmp_path], hidden=[tmp_path]) == OFF
+
+
+def test_within_keeps_only_roots_inside_the_bounds(tmp_path: Path) -> None:
+    for name in ("work", "work/sub", "other"):
+        (tmp_path / name).mkdir()
+    client = build_spec(
+        "workspace-write",
+        cwd=tmp_path / "work" / "sub",
+        writable_roots=[tmp_path / "other", "/"],
+        env=ENV,
+        exclude_tmp=True,
+        exclude_tmpdir=True,
+    )
+    narrowed, dropped = client.within([real(tmp_path / "work")])
+    assert narrowed.writable_roots == (real(tmp_path / "work" / "sub"),)
+    assert dropped == [real(tmp_path / "other"), Path("/")]
+    assert client.within(client.writable_roots) == (client, [])

@@ -5,6 +5,8 @@
   (writable in every mode, so a marker that ran anywhere would be seen); ``outside`` is a folder
   no sandbox lets a confined process write (workspace-write modes exclude /tmp, where it lives),
   for witnesses of code that ran outside.
+* ``world``: homes, a workspace and rules for attacks on execgate's own trust boundary, as root
+  and as the unprivileged user (helpers: securityharness.py).
 * ``server``, ``keys``, ``homes``, ``as_user_under_admin``: a loopback HTTP server that serves a
   requirements document and its signature (with ETag and Cache-Control), Ed25519 keys, isolated
   homes, and a way to run a command as the unprivileged user with a test folder mounted on
@@ -32,6 +34,8 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from .securityharness import World, end_world, new_world
 
 MARKER_C = r"""
 #include <fcntl.h>
@@ -389,3 +393,16 @@ def as_user_under_admin(
         capture_output=True,
         timeout=timeout,
     )
+
+
+@pytest.fixture(params=["root", "unprivileged"])
+def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
+    """A world of homes, a workspace and rules, as root and as the unprivileged user."""
+    user = None
+    root = tmp_path
+    if request.param == "unprivileged":
+        user = request.getfixturevalue("unprivileged")
+        root = user.make_dir()
+    world = new_world(root, user)
+    yield world
+    end_world(world)

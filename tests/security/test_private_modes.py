@@ -17,10 +17,11 @@ from typing import cast
 import pytest
 from mcpharness import Mcp, clean_up, make_world, payload, shell_args
 
-from .conftest import EXECGATE, FORBID_MARKER, Homes, Server
 from execgate.gate.approvals import UserApprovals
 from execgate.gate.escalation import ApprovalRequest
 from execgate.policy import append_allow_rule, load_layered_policy
+
+from .conftest import EXECGATE, FORBID_MARKER, Homes, Server
 
 
 @contextlib.contextmanager

@@ -8,9 +8,10 @@ import json
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from .conftest import FORBID_MARKER, Homes, Keys, Server
 from execgate.policy import Decision, PolicyError, load_layered_policy
 from execgate.policy.requirements import load_requirements, requirements_cache_dir
+
+from .conftest import FORBID_MARKER, Homes, Keys, Server
 
 
 def settings(homes: Homes, server: Server, *, key: str | None = None, extra: str = "") -> None:

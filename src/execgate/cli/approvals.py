@@ -84,7 +84,7 @@ def _age(seconds: float) -> str:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from execgate.mcp_front.control import run_dir
+    from execgate.paths import control_dir
 
     listings = _listings()
     if args.json:
@@ -97,7 +97,7 @@ def run_list(args: argparse.Namespace) -> int:
         print(json.dumps({"servers": servers}, ensure_ascii=True, indent=2))
         return 0
     if not listings:
-        print(f"no execgate mcp server is running (looked in {run_dir()})")
+        print(f"no execgate mcp server is running (looked in {control_dir()})")
         return 0
     pending = [(server, q) for server, reply in listings for q in reply.get("pending", [])]
     if not pending:

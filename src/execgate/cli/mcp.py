@@ -15,7 +15,12 @@ from execgate.cli.options import add_gate_arguments
 from execgate.config import load_config
 from execgate.errors import ExecgateError
 from execgate.gate import orphans
-from execgate.sandbox import SandboxSpec, add_sandbox_arguments, require_support, sandbox_from_args
+from execgate.sandbox import (
+    add_sandbox_arguments,
+    build_spec,
+    require_support,
+    sandbox_from_args,
+)
 from execgate.visible import VisibleFormatter
 
 
@@ -67,6 +72,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debugging detail")
     parser.add_argument("-q", "--quiet", action="store_true", help="log only warnings and errors")
+    parser.add_argument(
+        "--workspace",
+        metavar="DIR",
+        help="the folder calls may write in (workspace-write; default: the server's working "
+        "directory); a call's `workdir` outside it and the --writable-root folders runs there "
+        "read-only",
+    )
     add_sandbox_arguments(parser, default_mode="workspace-write")
     parser.set_defaults(handler=run_mcp)
 
@@ -81,6 +93,15 @@ def _shell(value: str | None) -> str:
     if path is None or not os.path.isfile(path) or not os.access(path, os.X_OK):
         raise ExecgateError(f"--shell {value}: not an executable file")
     return os.path.abspath(path)
+
+
+def _workspace(value: str | None, cwd: Path) -> Path:
+    if value is None:
+        return Path(os.path.realpath(cwd))
+    path = Path(os.path.realpath(cwd / os.path.expanduser(value)))
+    if not path.is_dir():
+        raise ExecgateError(f"--workspace {value}: not a directory")
+    return path
 
 
 def _configure_logging(args: argparse.Namespace) -> None:
@@ -108,13 +129,22 @@ def run_mcp(args: argparse.Namespace) -> int:
     if args.reload_interval <= 0:
         raise ExecgateError("--reload-interval must be positive")
 
-    def sandbox_for(workdir: Path) -> SandboxSpec:
-        return sandbox_from_args(args, config.sandbox, cwd=workdir, default_mode="workspace-write")
-
-    require_support(sandbox_for(cwd))  # a profile this kernel cannot enforce: say so now
+    workspace = _workspace(args.workspace, cwd)
+    # Fixed here, never by a call: the model picks a call's `workdir`, not what is writable.
+    sandbox = sandbox_from_args(args, config.sandbox, cwd=workspace, default_mode="workspace-write")
+    bounds = build_spec(
+        "workspace-write",
+        cwd=workspace,
+        config=config.sandbox,
+        writable_roots=args.sandbox_writable_roots,
+        exclude_tmp=args.sandbox_exclude_tmp,
+        exclude_tmpdir=args.sandbox_exclude_tmpdir,
+    ).writable_roots
+    require_support(sandbox)  # a profile this kernel cannot enforce: say so now
     options = McpOptions(
         shell=_shell(args.shell),
-        sandbox_for=sandbox_for,
+        sandbox=sandbox,
+        writable_bounds=bounds,
         config=config,
         approval_timeout=approval_timeout,
         rules=args.rules,

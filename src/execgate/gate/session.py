@@ -47,6 +47,7 @@ from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import Answer, GateServer, Peer
 from execgate.gate.snapshot import SealedSnapshot
 from execgate.sandbox import SandboxSpec
+from execgate.sandbox.guarded import guard
 from execgate.visible import VisibleFormatter, visible
 
 log = logging.getLogger("execgate.session")
@@ -271,6 +272,7 @@ class EscalationSession:
         ``new_process_session``: the launcher (and so the whole tree) gets its own process
         session, detached from any terminal (the MCP server); otherwise it stays in ours.
         """
+        native.verify_installation()  # never load an interposer that is not the installed one
         session = cls(
             live=live,
             escalation=escalation,
@@ -288,8 +290,12 @@ class EscalationSession:
             session._server = GateServer(session.socket_path, session)
             spec = None
             if sandbox is not None:
+                readonly, hidden = guard(sandbox)  # execgate's own files, state and controls
                 spec = sandbox.with_gate_paths(
-                    session_dir=session.dir, executables=[session.wrapper, session.interposer]
+                    session_dir=session.dir,
+                    executables=[session.wrapper, session.interposer],
+                    readonly=readonly,
+                    hidden=hidden,
                 )
             session._launcher = await Launcher.start(
                 spec, new_session=new_process_session, claim_path=session.claim_path

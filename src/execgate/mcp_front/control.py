@@ -1,10 +1,11 @@
 """The approvals control socket of a running ``execgate mcp`` server.
 
-Each server listens on a Unix socket (mode 0600, in a 0700 folder, peers of other users
-refused) and describes itself in ``$EXECGATE_HOME/run/mcp-<pid>.json``; ``execgate approvals``
-finds running servers there and removes the entries of servers that are gone. The socket is
-``$EXECGATE_HOME/run/mcp-<pid>.sock`` when that path fits in a socket address, else a private
-folder under ``$XDG_RUNTIME_DIR`` or ``/tmp`` (the JSON file says where).
+Each server listens on a Unix socket ``mcp-<pid>.sock`` (mode 0600) and describes itself in
+``mcp-<pid>.json``, both in the control folder (``paths.control_dir``: ``$EXECGATE_HOME/control``,
+0700, hidden from every sandbox); ``execgate approvals`` finds running servers there and
+removes the entries of servers that are gone. Every connection is checked by
+``peercheck.why_refused``: other users' processes and every process of a gated session (sandbox
+off too) are refused, so nothing a server gates can list or answer its questions.
 
 Protocol: one JSON object per line each way.
 
@@ -26,10 +27,7 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import socket
-import struct
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,32 +36,20 @@ from typing import Any
 
 from execgate import paths
 from execgate.errors import ExecgateError
-from execgate.files import make_private_dir, write_atomically
+from execgate.files import write_atomically
 from execgate.gate.escalation import Answer
 from execgate.mcp_front.elicitation import ApprovalError, ApprovalRegistry
+from execgate.peercheck import why_refused
+from execgate.sandbox.guarded import ensure_control_dir
 
 log = logging.getLogger("execgate.mcp")
 
-_SUN_PATH_MAX = 100  # bytes; the kernel's limit is 108 including the NUL
 _MAX_LINE = 1 << 16
 ANSWERS = {a.value: a for a in Answer}
 
 
-def run_dir() -> Path:
-    return paths.execgate_home() / "run"
-
-
 def _descriptor(pid: int) -> Path:
-    return run_dir() / f"mcp-{pid}.json"
-
-
-def _peer_uid(sock: socket.socket) -> int | None:
-    try:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except OSError:
-        return None
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return int(uid)
+    return paths.control_dir() / f"mcp-{pid}.json"
 
 
 class ControlServer:
@@ -74,19 +60,13 @@ class ControlServer:
         self._info = info
         self._server: asyncio.AbstractServer | None = None
         self.socket_path: Path | None = None
-        self._private_dir: Path | None = None
         self._descriptor: Path | None = None
 
     async def start(self) -> None:
-        folder = run_dir()
-        make_private_dir(folder)
+        folder = ensure_control_dir(paths.control_dir())
         clean_stale_servers()
         pid = os.getpid()
         path = folder / f"mcp-{pid}.sock"
-        if len(os.fsencode(path)) >= _SUN_PATH_MAX:
-            base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-            self._private_dir = Path(tempfile.mkdtemp(prefix=f"execgate-{os.getuid()}-", dir=base))
-            path = self._private_dir / "control.sock"
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         old_umask = os.umask(0o177)
@@ -113,15 +93,14 @@ class ControlServer:
             if path is not None:
                 with contextlib.suppress(OSError):
                     path.unlink()
-        if self._private_dir is not None:
-            shutil.rmtree(self._private_dir, ignore_errors=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
-        uid = _peer_uid(sock) if sock is not None else None
+        refused = why_refused(sock) if sock is not None else "no peer credentials"
         try:
-            if uid is None or uid not in (os.getuid(), 0):
-                await self._reply(writer, {"ok": False, "error": "permission denied"})
+            if refused is not None:
+                log.warning("control socket: refused a connection: %s", refused)
+                await self._reply(writer, {"ok": False, "error": f"permission denied ({refused})"})
                 return
             while True:
                 try:
@@ -215,8 +194,6 @@ def _remove(descriptor: Path, info: dict[str, Any]) -> None:
         path = Path(sock)
         with contextlib.suppress(OSError):
             path.unlink()
-        if path.parent.name.startswith(f"execgate-{os.getuid()}-"):
-            shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def clean_stale_servers() -> None:
@@ -227,7 +204,7 @@ def clean_stale_servers() -> None:
 def running_servers() -> list[RunningServer]:
     """Every live server of this user (entries of dead ones are removed on the way)."""
     found: list[RunningServer] = []
-    folder = run_dir()
+    folder = paths.control_dir()
     try:
         descriptors = sorted(folder.glob("mcp-*.json"))
     except OSError:

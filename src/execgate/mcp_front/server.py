@@ -89,7 +89,9 @@ class McpOptions:
     """How ``execgate mcp`` was configured (flags over ``config.toml``)."""
 
     shell: str
-    sandbox_for: Callable[[Path], SandboxSpec]  # the configured profile for a workdir
+    sandbox: SandboxSpec  # the configured profile, on the workspace fixed at start
+    #: Where a client's sandbox state may make writable (the workspace, --writable-root & co.).
+    writable_bounds: tuple[Path, ...]
     config: Config
     approval_timeout: float
     rules: list[Path] | None = None  # explicit rules files instead of the layered policy
@@ -285,7 +287,7 @@ class McpFrontEnd:
         except ToolArgumentError as exc:
             return error_result(f"shell: {exc}")
         try:
-            sandbox = self._sandbox_for(ctx, Path(args.workdir))
+            sandbox = self._sandbox_for(ctx)
         except ExecgateError as exc:
             return error_result(f"shell: cannot set up the sandbox: {exc}")
         setup = CallSetup(
@@ -453,9 +455,10 @@ class McpFrontEnd:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _sandbox_for(self, ctx: Context, workdir: Path) -> SandboxSpec:
+    def _sandbox_for(self, ctx: Context) -> SandboxSpec:
         """The call's sandbox: the client's Codex sandbox state (per call in ``_meta``, or the
-        last ``codex/sandbox-state/update``), else the configured profile for ``workdir``."""
+        last ``codex/sandbox-state/update``) with its writable roots kept within the
+        workspace's bounds, else the configured profile. Never the call's ``workdir``."""
         state = self.codex_sandbox
         meta: dict[str, Any] = dict(ctx.meta or {})
         per_call = meta.get(SANDBOX_STATE_META)
@@ -463,11 +466,18 @@ class McpFrontEnd:
             policy, cwd = per_call.get("sandboxPolicy"), per_call.get("sandboxCwd")
             if isinstance(policy, dict) and isinstance(cwd, str):
                 state = _CodexSandbox(policy, self.options.cwd / cwd)
-        if state is not None:
-            return spec_from_codex_policy(
-                state.policy, cwd=state.cwd, config=self.options.config.sandbox
+        if state is None:
+            return self.options.sandbox
+        spec = spec_from_codex_policy(
+            state.policy, cwd=state.cwd, config=self.options.config.sandbox
+        )
+        spec, dropped = spec.within(self.options.writable_bounds)
+        if dropped:
+            log.warning(
+                "sandbox state: not writable, outside the workspace and --writable-root: %s",
+                ", ".join(map(str, dropped)),
             )
-        return self.options.sandbox_for(workdir)
+        return spec
 
 
 async def serve(options: McpOptions) -> None:

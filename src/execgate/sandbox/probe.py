@@ -70,6 +70,11 @@ class SandboxSupport:
                     f"a private mount namespace to make the system read-only for root ({why}; "
                     "Landlock alone does not stop chmod, chown or utimes)"
                 )
+            elif spec.hidden_paths:
+                missing.append(
+                    f"a private mount namespace to hide execgate's control sockets ({why}; "
+                    "unprivileged user namespaces are off here)"
+                )
         return missing
 
     @property

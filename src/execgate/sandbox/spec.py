@@ -50,6 +50,8 @@ class SandboxSpec:
       by the launcher at each spawn (so a ``.git`` created later is protected from then on).
     * ``exec_dirs``: extra directories or files programs may be executed from under
       ``strict_exec``.
+    * ``hidden_paths``: directories confined processes must not reach at all (control
+      sockets): an empty read-only directory is mounted over each (needs a mount namespace).
     """
 
     mode: SandboxMode = "off"
@@ -59,11 +61,13 @@ class SandboxSpec:
     network: bool = False
     strict_exec: bool = False
     exec_dirs: tuple[Path, ...] = ()
+    hidden_paths: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         if not is_mode(self.mode):
             raise ValueError(f"unknown sandbox mode {self.mode!r}")
-        for path in (*self.writable_roots, *self.readonly_paths, *self.exec_dirs):
+        paths = (*self.writable_roots, *self.readonly_paths, *self.exec_dirs, *self.hidden_paths)
+        for path in paths:
             if not path.is_absolute():
                 raise ValueError(f"sandbox path {path} is not absolute")
         for name in self.protected_names:
@@ -87,6 +91,8 @@ class SandboxSpec:
                 args += ["--protect", name]
         for path in self.readonly_paths:
             args += ["--readonly", str(path)]
+        for path in self.hidden_paths:
+            args += ["--hide", str(path)]
         if self.network:
             args.append("--network")
         if self.strict_exec:
@@ -127,25 +133,57 @@ class SandboxSpec:
         return found
 
     def with_gate_paths(
-        self, *, session_dir: Path | None = None, executables: Iterable[Path] = ()
+        self,
+        *,
+        session_dir: Path | None = None,
+        executables: Iterable[Path] = (),
+        readonly: Iterable[Path] = (),
+        hidden: Iterable[Path] = (),
     ) -> SandboxSpec:
         """This spec plus what the gate itself needs inside the sandbox.
 
         * ``session_dir`` (socket, policy snapshot) must not be writable by confined
           processes: if it lies inside a writable root it becomes a read-only carve-out.
+        * ``readonly`` (execgate's installation and state, see ``sandbox.guarded``) likewise;
+          a path that is a writable root, or contains one, stays as the roots say (the user
+          asked for it to be writable).
+        * ``hidden`` (control-socket folders) are hidden from every confined process.
         * ``executables`` (``execgate-wrapper``, ``libexecgate.so``) must be readable (always
           true: the whole filesystem is) and executable under ``strict_exec``.
         """
         spec = self
-        if session_dir is not None:
-            session = Path(os.path.realpath(session_dir))
-            if spec.confines and spec.allows_write(session) and session not in spec.readonly_paths:
-                spec = replace(spec, readonly_paths=(*spec.readonly_paths, session))
+        if not spec.confines:
+            return spec
+        carve = [*([session_dir] if session_dir is not None else []), *readonly]
+        added = list(spec.readonly_paths)
+        for path in carve:
+            real = Path(os.path.realpath(path))
+            if real in added or not spec.allows_write(real):
+                continue
+            if any(_under(root, real) for root in spec.writable_roots):
+                continue
+            added.append(real)
+        if len(added) != len(spec.readonly_paths):
+            spec = replace(spec, readonly_paths=tuple(added))
+        hide = [Path(os.path.realpath(p)) for p in hidden]
+        hide = [p for p in hide if p not in spec.hidden_paths]
+        if hide:
+            spec = replace(spec, hidden_paths=(*spec.hidden_paths, *hide))
         extra = [Path(os.path.realpath(p)) for p in executables]
         extra = [p for p in extra if p not in spec.exec_dirs]
         if extra:
             spec = replace(spec, exec_dirs=(*spec.exec_dirs, *extra))
         return spec
+
+    def within(self, bounds: Sequence[Path]) -> tuple[SandboxSpec, list[Path]]:
+        """This spec with its writable roots limited to those inside ``bounds`` (canonical
+        directories), and the roots that were dropped: a client may narrow what is writable,
+        never widen it."""
+        kept = [r for r in self.writable_roots if any(_under(r, b) for b in bounds)]
+        dropped = [r for r in self.writable_roots if r not in kept]
+        if not dropped:
+            return self, []
+        return replace(self, writable_roots=tuple(kept)), dropped
 
     def describe(self) -> str:
         """One line for logs and messages."""

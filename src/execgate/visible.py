@@ -109,7 +109,10 @@ def command_line(words: Iterable[str], limit: int | None = None) -> str:
         kept = _longest_prefix(word, max(room, 0))
         if kept:
             shown.append(separator + quote_word(word[:kept]))
-        hidden = len(word) - kept + sum(1 + len(w) for w in words[index + 1 :])
+        # what is not shown: the rest of this word (and its separator, when none of it is),
+        # then every later word with its separator
+        hidden = len(word) - kept + (0 if kept else len(separator))
+        hidden += sum(1 + len(w) for w in words[index + 1 :])
         return "".join(shown) + _cut_note(hidden)
     return "".join(shown)
 

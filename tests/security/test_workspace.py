@@ -37,7 +37,7 @@ def _state_targets(world: World) -> dict[str, Path]:
     env = world.env
     home, execgate_home = Path(env["HOME"]), Path(env["EXECGATE_HOME"])
     codex_home = Path(env["CODEX_HOME"])
-    return {
+    targets = {
         "user_rules": execgate_home / "rules" / "default.rules",
         "config": execgate_home / "config.toml",
         "trust": execgate_home / "trusted-projects.toml",
@@ -47,10 +47,14 @@ def _state_targets(world: World) -> dict[str, Path]:
         "default_home_rules": home / ".execgate" / "rules" / "x.rules",
         "codex_rules": codex_home / "rules" / "x.rules",
         "default_codex_rules": home / ".codex" / "rules" / "x.rules",
-        "system_rules": Path(env["EXECGATE_SYSTEM_DIR"]) / "rules" / "x.rules",
-        "system_requirements": Path(env["EXECGATE_SYSTEM_DIR"]) / "requirements.toml",
-        "codex_system_rules": Path(env["EXECGATE_CODEX_SYSTEM_DIR"]) / "rules" / "x.rules",
     }
+    if world.user is None:  # only root may move the admin folders (an ordinary user's are /etc's)
+        targets |= {
+            "system_rules": Path(env["EXECGATE_SYSTEM_DIR"]) / "rules" / "x.rules",
+            "system_requirements": Path(env["EXECGATE_SYSTEM_DIR"]) / "requirements.toml",
+            "codex_system_rules": Path(env["EXECGATE_CODEX_SYSTEM_DIR"]) / "rules" / "x.rules",
+        }
+    return targets
 
 
 def _still_denied(world: World, output: str) -> None:

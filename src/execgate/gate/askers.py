@@ -63,7 +63,7 @@ def describe(request: ApprovalRequest) -> list[str]:
     if exec_.realpath and exec_.path != exec_.realpath:
         lines.append(f"  path:    {quote_word(exec_.path)} (as executed)")
     for interp in exec_.interpreters:
-        words = [interp.file.realpath or interp.name, *([interp.arg] if interp.arg else [])]
+        words = [interp.name, *([interp.arg] if interp.arg else [])]
         lines.append(f"  interpreter: {command_line(words)}")
     lines += [
         f"  cwd:     {quote_word(exec_.cwd)}",

@@ -1,0 +1,109 @@
+"""Red-team findings: attacks from inside a gated session that succeed today.
+
+Each test performs the attack for real inside `execgate run`, as root and as an unprivileged
+user, and asserts that the forbidden thing did not happen. They fail until the finding is fixed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+WS = ["--sandbox", "workspace-write", "--exclude-tmp", "--exclude-tmpdir"]
+MODES = {"workspace-write": WS, "strict-exec": [*WS, "--strict-exec"]}
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+# Speaks EG1 with the session's own socket and token: the helper every finding below uses.
+FORGE = textwrap.dedent(
+    """
+    import os, socket, sys
+    from execgate.gate import protocol as P
+    def ask(path, fds, interps, argv, cwd=None):
+        req = P.ExecRequest(token=os.environb[b"EXECGATE_TOKEN"], via="execve", pid=os.getpid(),
+            ppid=os.getppid(), cwd=cwd or os.getcwdb(), path=path, interpreters=tuple(interps),
+            argv=tuple(argv))
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(os.environ["EXECGATE_SOCKET"])
+            socket.send_fds(s, [P.encode_exec_request(req)], fds)
+            answer = b""
+            while chunk := s.recv(4096):
+                answer += chunk
+        return P.split_payload(answer[4:]) if answer else [b"closed"]
+    def claim(ticket):
+        os.execv(os.environ["EXECGATE_WRAPPER"], ["execgate-claim", ticket.decode()])
+    """
+)
+
+
+@pytest.fixture(params=["root", "unprivileged"])
+def place(request, tmp_path):  # type: ignore[no-untyped-def]
+    if request.param == "root":
+        tmp_path.chmod(0o755)
+        return None, tmp_path
+    user = request.getfixturevalue("unprivileged")
+    return user, user.make_dir()
+
+
+def _give(base: Path, user) -> None:  # type: ignore[no-untyped-def]
+    if user is None:
+        return
+    for dirpath, dirnames, filenames in os.walk(base):
+        for name in [*dirnames, *filenames]:
+            os.chown(os.path.join(dirpath, name), user.uid, user.gid, follow_symlinks=False)
+
+
+def _run(user, ws: Path, rules: Path, mode: str, script: str, base: Path):  # type: ignore[no-untyped-def]
+    cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), *MODES[mode],
+           "--", "bash", "-c", script]  # fmt: skip
+    env = {"EXECGATE_HOME": str(base / "home"), "PATH": "/usr/bin:/bin", "PYTHONPATH": SRC}
+    if user is None:
+        return subprocess.run(cmd, cwd=ws, env={**os.environ, **env}, capture_output=True,
+                              timeout=120)  # fmt: skip
+    return user.run(cmd, cwd=ws, env=env)
+
+
+# The script path in the command judged for an interpreter is the caller's PATH claim, but the
+# escalated interpreter is handed the canonical path of the descriptor: a rule that allows one
+# script under an interpreter (`sh /opt/tool.sh`) escalates any script of the attacker's.
+SCRIPT_CLAIM = textwrap.dedent(
+    """
+    import os
+    from forge import ask, claim
+    p = os.open("evil.sh", os.O_RDONLY)
+    sh = os.open("/bin/sh", os.O_RDONLY)
+    a = ask(SAFE, [p, sh], [(b"/bin/sh", b"")], [SAFE])
+    print("answer", a[0].decode(), flush=True)
+    if a[0] == b"escalate":
+        claim(a[1])
+    """
+)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_interpreter_rule_escalates_only_the_script_it_names(place, mode: str) -> None:  # type: ignore[no-untyped-def]
+    user, base = place
+    ws, outside, safe_dir = base / "ws", base / "outside", base / "safe"
+    for d in (ws, outside, safe_dir):
+        d.mkdir()
+    safe = safe_dir / "safe.sh"  # the one script the user allows, not writable from inside
+    safe.write_text("#!/bin/sh\necho safe\n")
+    safe.chmod(0o755)
+    rules = base / "r.rules"
+    rules.write_text(f'prefix_rule(["/bin/sh", "{safe}"], "allow")\n')
+    (ws / "forge.py").write_text(FORGE)
+    (ws / "attack.py").write_text(f"SAFE = {os.fsencode(safe)!r}\n" + SCRIPT_CLAIM)
+    evil = ws / "evil.sh"
+    evil.write_text(f"#!/bin/sh\necho escaped > {outside}/escaped\necho evil ran\n")
+    evil.chmod(0o755)
+    _give(base, user)
+    r = _run(user, ws, rules, mode, "/usr/bin/python3 attack.py; echo alive", base)
+    out = r.stdout.decode()
+    assert "alive" in out, (out, r.stderr)
+    # Today: "answer escalate", "evil ran", and outside/escaped exists.
+    assert not (outside / "escaped").exists(), out
+    assert "evil ran" not in out or "answer run" in out, out

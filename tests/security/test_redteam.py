@@ -107,3 +107,48 @@ def test_interpreter_rule_escalates_only_the_script_it_names(place, mode: str) -
     # Today: "answer escalate", "evil ran", and outside/escaped exists.
     assert not (outside / "escaped").exists(), out
     assert "evil ran" not in out or "answer run" in out, out
+
+
+# With the sandbox off, a gated process (same user) stops the server, kills the launcher, then
+# kills the server: the session's processes are orphaned to init and outlive the session.
+KILL_BOTH = textwrap.dedent(
+    """
+    srv=$(echo "$EXECGATE_SNAPSHOT" | cut -d/ -f3)
+    p=$$
+    while [ "$p" -gt 1 ] && [ "$(cat /proc/$p/comm)" != execgate-launch ]; do
+        p=$(awk '{print $4}' /proc/$p/stat)
+    done
+    (setsid sh -c 'echo $$ > survivor.pid; exec sleep 600' </dev/null >/dev/null 2>&1 &)
+    while [ ! -s survivor.pid ]; do sleep 0.05; done
+    (kill -STOP "$srv"; kill -9 "$p"; kill -9 "$srv") &
+    wait
+    """
+)
+
+
+def test_killing_launcher_and_server_leaves_nothing_behind(place) -> None:  # type: ignore[no-untyped-def]
+    user, base = place
+    ws = base / "ws"
+    ws.mkdir()
+    rules = base / "r.rules"
+    rules.write_text('prefix_rule(["marker"], "forbidden")\n')
+    (ws / "kill.sh").write_text(KILL_BOTH)
+    _give(base, user)
+    cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), "--sandbox", "off",
+           "--", "bash", "kill.sh"]  # fmt: skip
+    env = {"EXECGATE_HOME": str(base / "home"), "PATH": "/usr/bin:/bin"}
+    if user is None:
+        subprocess.run(cmd, cwd=ws, env={**os.environ, **env}, capture_output=True, timeout=60)
+    else:
+        user.run(cmd, cwd=ws, env=env)
+    pid = int((ws / "survivor.pid").read_text())
+    import time
+
+    time.sleep(1.0)  # the session's clean-up, if any, had time to act
+    try:
+        alive = b"sleep" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        alive = False
+    if alive:
+        os.kill(pid, 9)
+    assert not alive, "a process of the session outlived it"

@@ -152,3 +152,68 @@ def test_killing_launcher_and_server_leaves_nothing_behind(place) -> None:  # ty
     if alive:
         os.kill(pid, 9)
     assert not alive, "a process of the session outlived it"
+
+
+# -- answering the terminal prompt from inside the session ----------------------------------
+
+# Sandbox off: no seccomp filter, and dev.tty.legacy_tiocsti=1 (the default on most kernels):
+# a gated process pushes "o\n" into its own terminal's input once the question is shown.
+TIOCSTI = textwrap.dedent(
+    """
+    import fcntl, os, termios, time
+    time.sleep(1.5)
+    fd = os.open("/dev/tty", os.O_RDWR)
+    for c in b"o\\n":
+        fcntl.ioctl(fd, termios.TIOCSTI, bytes([c]))
+    """
+)
+# Any mode: the user's tmux server is a pathname socket the sandbox lets the session reach.
+TMUX_KEYS = "(sleep 1.5; tmux send-keys o Enter) &"
+
+
+def _in_tmux(user, base: Path, ws: Path, argv: list[str], env: dict[str, str]) -> str:  # type: ignore[no-untyped-def]
+    """Run ``argv`` in a pane of a private tmux server (as ``user``); return what it printed."""
+    import shlex
+    import time
+
+    sock, out, done = base / "tmux.sock", base / "pane.out", base / "pane.done"
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    line = (f"cd {shlex.quote(str(ws))} && env {exports} {shlex.join(argv)} "
+            f"> {out} 2>&1; touch {done}; sleep 30")  # fmt: skip
+    tmux = ["tmux", "-S", str(sock), "new-session", "-d", "-x", "200", "-y", "50", line]
+    full_env = {**os.environ, "TERM": "xterm"}
+    subprocess.run(user.argv(tmux) if user else tmux, env=full_env, check=True, timeout=30)
+    try:
+        for _ in range(300):
+            if done.exists():
+                break
+            time.sleep(0.1)
+        return out.read_text() if out.exists() else ""
+    finally:
+        kill = ["tmux", "-S", str(sock), "kill-server"]
+        subprocess.run(user.argv(kill) if user else kill, env=full_env, timeout=30)
+
+
+@pytest.mark.parametrize(
+    "mode, trick",
+    [("off", "tiocsti"), ("off", "tmux"), ("workspace-write", "tmux"), ("strict-exec", "tmux")],
+)
+def test_a_gated_process_cannot_answer_its_own_prompt(place, mode: str, trick: str) -> None:  # type: ignore[no-untyped-def]
+    user, base = place
+    ws, outside = base / "ws", base / "outside"
+    ws.mkdir()
+    outside.mkdir()
+    rules = base / "r.rules"
+    rules.write_text('prefix_rule(["touch"], "prompt")\n')
+    (ws / "sti.py").write_text(TIOCSTI)
+    _give(base, user)
+    answer = "(/usr/bin/python3 sti.py &);" if trick == "tiocsti" else TMUX_KEYS
+    script = f"{answer} touch {outside}/approved; echo touched=$?; wait"
+    options = ["--sandbox", "off"] if mode == "off" else MODES[mode]
+    argv = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), *options,
+            "--", "bash", "-c", script]  # fmt: skip
+    env = {"EXECGATE_HOME": str(base / "home"), "PATH": "/usr/bin:/bin", "HOME": str(base)}
+    out = _in_tmux(user, base, ws, argv, env)
+    assert "requires approval" in out or "touched=" in out, out  # the question was asked
+    # Today: touched=0 and outside/approved exists: the session approved its own `touch`.
+    assert not (outside / "approved").exists(), out

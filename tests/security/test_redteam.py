@@ -217,3 +217,38 @@ def test_a_gated_process_cannot_answer_its_own_prompt(place, mode: str, trick: s
     assert "requires approval" in out or "touched=" in out, out  # the question was asked
     # Today: touched=0 and outside/approved exists: the session approved its own `touch`.
     assert not (outside / "approved").exists(), out
+
+
+# -- the project's rules folders, created from inside ---------------------------------------
+
+
+@pytest.mark.parametrize("folder", [".execgate", ".codex"])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_session_cannot_create_the_project_rules_folder(place, mode: str, folder: str) -> None:  # type: ignore[no-untyped-def]
+    """`--protect` only covers `.execgate`/`.codex` that exist at spawn time: a sandboxed
+    command in a trusted project that has none creates `<project>/.execgate/rules/x.rules`
+    with an allow rule, and the next session in that project escalates by it."""
+    user, base = place
+    ws, outside = base / "ws", base / "outside"
+    ws.mkdir()
+    outside.mkdir()
+    _give(base, user)
+    eg = [sys.executable, "-m", "execgate"]
+    env = {"EXECGATE_HOME": str(base / "home"), "PATH": "/usr/bin:/bin", "HOME": str(base / "h"),
+           "CODEX_HOME": str(base / "h" / ".codex")}  # fmt: skip
+
+    def run(*argv: str) -> subprocess.CompletedProcess[bytes]:
+        if user is None:
+            return subprocess.run([*eg, *argv], cwd=ws, env={**os.environ, **env},
+                                  capture_output=True, timeout=120)  # fmt: skip
+        return user.run([*eg, *argv], cwd=ws, env=env)
+
+    assert run("trust", str(ws)).returncode == 0
+    plant = (f"mkdir -p {folder}/rules && "
+             f"echo 'prefix_rule([\"touch\"], \"allow\")' > {folder}/rules/x.rules; "
+             "echo planted=$?")  # fmt: skip
+    first = run("run", *MODES[mode], "--", "bash", "-c", plant)
+    second = run("run", *MODES[mode], "--", "touch", str(outside / "escaped"))
+    # Today: planted=0, and the second session's touch is escalated: outside/escaped exists.
+    assert not (outside / "escaped").exists(), (first.stdout, second.stderr)
+    assert not (ws / folder / "rules" / "x.rules").exists(), first.stdout

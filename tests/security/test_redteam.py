@@ -252,3 +252,52 @@ def test_a_session_cannot_create_the_project_rules_folder(place, mode: str, fold
     # Today: planted=0, and the second session's touch is escalated: outside/escaped exists.
     assert not (outside / "escaped").exists(), (first.stdout, second.stderr)
     assert not (ws / folder / "rules" / "x.rules").exists(), first.stdout
+
+
+# -- the launcher's claim socket holds any number of big half-sent frames --------------------
+
+FLOOD = textwrap.dedent(
+    """
+    import os, socket, struct, time
+    claim = os.path.join(os.path.dirname(os.environ["EXECGATE_SOCKET"]), "claim.sock")
+    socks = []
+    for i in range(24):  # 15 MiB of a 16 MiB claim frame each, never finished
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(claim)
+        s.sendall(struct.pack("<I", 16 << 20))
+        for _ in range(15):
+            s.sendall(b"A" * (1 << 20))
+        socks.append(s)
+    p = os.getpid()
+    while p > 1 and open(f"/proc/{p}/comm").read().strip() != "execgate-launch":
+        p = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
+    time.sleep(0.5)
+    kb = [l for l in open(f"/proc/{p}/status") if l.startswith("VmRSS")][0].split()[1]
+    print("launcher-rss-kb", kb, flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["off", *MODES])
+def test_claim_socket_memory_is_bounded(place, mode: str) -> None:  # type: ignore[no-untyped-def]
+    user, base = place
+    ws = base / "ws"
+    ws.mkdir()
+    rules = base / "r.rules"
+    rules.write_text('prefix_rule(["marker"], "forbidden")\n')
+    (ws / "flood.py").write_text(FLOOD)
+    _give(base, user)
+    options = ["--sandbox", "off"] if mode == "off" else MODES[mode]
+    cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), *options,
+           "--", "/usr/bin/python3", "flood.py"]  # fmt: skip
+    env = {"EXECGATE_HOME": str(base / "home"), "PATH": "/usr/bin:/bin"}
+    if user is None:
+        r = subprocess.run(cmd, cwd=ws, env={**os.environ, **env}, capture_output=True,
+                           timeout=120)  # fmt: skip
+    else:
+        r = user.run(cmd, cwd=ws, env=env)
+    out = r.stdout.decode()
+    assert "launcher-rss-kb" in out, (out, r.stderr)
+    rss_kb = int(out.split("launcher-rss-kb", 1)[1].split()[0])
+    # Today: ~370 MB for 24 connections (4096 are accepted: ~64 GB).
+    assert rss_kb < 64 * 1024, out

@@ -301,3 +301,54 @@ def test_claim_socket_memory_is_bounded(place, mode: str) -> None:  # type: igno
     rss_kb = int(out.split("launcher-rss-kb", 1)[1].split()[0])
     # Today: ~370 MB for 24 connections (4096 are accepted: ~64 GB).
     assert rss_kb < 64 * 1024, out
+
+
+# -- sandbox off: the server is ptrace-able by the processes it gates -------------------------
+
+MARKER_C = r"""
+#include <fcntl.h>
+#include <unistd.h>
+int main(void) { int fd = open(TRACE, O_WRONLY | O_CREAT, 0666); if (fd >= 0) close(fd); return 0; }
+"""
+
+# Without Yama (or with ptrace_scope 0) a same-user process attaches to its ancestor, the
+# server, and puts an empty snapshot at the sealed memfd's number: the interposer's fast path
+# then runs the forbidden program without asking.
+PTRACE_SNAPSHOT = textwrap.dedent(
+    """
+    srv=$(echo "$EXECGATE_SNAPSHOT" | cut -d/ -f3); n=$(echo "$EXECGATE_SNAPSHOT" | cut -d/ -f5)
+    /usr/bin/python3 -c '
+    import struct
+    open("empty.snap", "wb").write(b"EGSNAP1\\0" + bytes(16) + struct.pack("<QQ", 64, 64) + bytes(24))'
+    gdb -p "$srv" -batch -ex "call (int)dup2((int)open(\\"$PWD/empty.snap\\", 0), $n)" 2>&1 | tail -2
+    marker; echo marker=$?
+    """
+)
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/gdb"), reason="needs gdb")
+def test_sandbox_off_snapshot_cannot_be_replaced_through_ptrace(place) -> None:  # type: ignore[no-untyped-def]
+    user, base = place
+    ws, bindir = base / "ws", base / "bin"
+    ws.mkdir()
+    bindir.mkdir()
+    (ws / ".traces").mkdir()
+    src = base / "marker.c"
+    src.write_text(MARKER_C)
+    trace = ws / ".traces" / "ran-marker"
+    subprocess.run(["cc", f'-DTRACE="{trace}"', "-o", bindir / "marker", src], check=True)
+    rules = base / "r.rules"
+    rules.write_text('prefix_rule(["marker"], "forbidden")\n')
+    (ws / "ptr.sh").write_text(PTRACE_SNAPSHOT)
+    _give(base, user)
+    cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), "--sandbox", "off",
+           "--", "bash", "ptr.sh"]  # fmt: skip
+    env = {"EXECGATE_HOME": str(base / "home"), "PATH": f"{bindir}:/usr/bin:/bin"}
+    if user is None:
+        r = subprocess.run(cmd, cwd=ws, env={**os.environ, **env}, capture_output=True,
+                           timeout=120)  # fmt: skip
+    else:
+        r = user.run(cmd, cwd=ws, env=env)
+    # Today: "marker=0" and the trace exists.
+    assert b"marker=" in r.stdout, (r.stdout, r.stderr)
+    assert not trace.exists(), (r.stdout, r.stderr)

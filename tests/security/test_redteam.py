@@ -352,3 +352,64 @@ def test_sandbox_off_snapshot_cannot_be_replaced_through_ptrace(place) -> None: 
     # Today: "marker=0" and the trace exists.
     assert b"marker=" in r.stdout, (r.stdout, r.stderr)
     assert not trace.exists(), (r.stdout, r.stderr)
+
+
+# -- the prompt's process chain and cwd are the caller's claims -------------------------------
+
+# A forged request under a `prompt` rule, naming pid 1 and a cwd of the forger's choosing: the
+# human is shown `process: <pid 1's name> (1)` and that cwd, not the asking process (the server
+# has its SO_PEERCRED pid).
+FORGED_PROMPT = textwrap.dedent(
+    """
+    import os
+    from forge import ask
+    t = os.open("/usr/bin/touch", os.O_RDONLY)
+    req_cwd = b"/home/alice/project"
+    import socket
+    from execgate.gate import protocol as P
+    req = P.ExecRequest(token=os.environb[b"EXECGATE_TOKEN"], via="execve", pid=1, ppid=0,
+        cwd=req_cwd, path=b"/usr/bin/touch", interpreters=(), argv=(b"touch", b"/tmp/x"))
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ["EXECGATE_SOCKET"])
+    socket.send_fds(s, [P.encode_exec_request(req)], [t])
+    print("asked", os.getpid(), flush=True)
+    s.recv(4096)
+    """
+)
+
+
+def test_the_prompt_names_the_asking_process_not_its_claims(place) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    user, base = place
+    ws = base / "ws"
+    ws.mkdir()
+    rules = base / "r.rules"
+    rules.write_text('prefix_rule(["touch"], "prompt")\n')
+    (ws / "forge.py").write_text(FORGE)
+    (ws / "prompt.py").write_text(FORGED_PROMPT)
+    _give(base, user)
+    sock = base / "tmux.sock"
+    argv = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), "--sandbox", "off",
+            "--", "/usr/bin/python3", "prompt.py"]  # fmt: skip
+    line = (f"cd {ws} && env PYTHONPATH={SRC} EXECGATE_HOME={base / 'home'} PATH=/usr/bin:/bin "
+            f"{' '.join(argv)}; sleep 30")  # fmt: skip
+    tmux = ["tmux", "-S", str(sock), "new-session", "-d", "-x", "200", "-y", "50", line]
+    env = {**os.environ, "TERM": "xterm"}
+    subprocess.run(user.argv(tmux) if user else tmux, env=env, check=True, timeout=30)
+    screen = ""
+    try:
+        for _ in range(100):
+            time.sleep(0.1)
+            cap = ["tmux", "-S", str(sock), "capture-pane", "-p"]
+            screen = subprocess.run(user.argv(cap) if user else cap, env=env,
+                                    capture_output=True, text=True).stdout  # fmt: skip
+            if "Allow?" in screen:
+                break
+    finally:
+        kill = ["tmux", "-S", str(sock), "kill-server"]
+        subprocess.run(user.argv(kill) if user else kill, env=env, timeout=30)
+    assert "requires approval" in screen, screen
+    # Today: "cwd:     /home/alice/project" and "process: <init> (1)".
+    assert "/home/alice/project" not in screen, screen
+    assert "(1)" not in screen.split("process:", 1)[1].split("\n", 1)[0], screen

@@ -413,3 +413,29 @@ def test_the_prompt_names_the_asking_process_not_its_claims(place) -> None:  # t
     # Today: "cwd:     /home/alice/project" and "process: <init> (1)".
     assert "/home/alice/project" not in screen, screen
     assert "(1)" not in screen.split("process:", 1)[1].split("\n", 1)[0], screen
+
+
+@pytest.mark.parametrize("world", ["root", "unprivileged"], indirect=True)
+def test_mcp_a_call_cannot_plant_project_rules_for_the_next_call(world) -> None:  # type: ignore[no-untyped-def]
+    """The same as above within one `execgate mcp` server: the hot reload watches the missing
+    `<workspace>/.execgate/rules` folder, so call 1 plants an allow rule and call 2 escalates."""
+    import asyncio
+
+    from mcpharness import payload, shell_args
+
+    m = world.mcp
+    assert world.run([sys.executable, "-m", "execgate", "trust", str(m.work)]).returncode == 0
+    plant = ("mkdir -p .execgate/rules && "
+             "echo 'prefix_rule([\"touch\"], \"allow\")' > .execgate/rules/x.rules; echo planted=$?")  # fmt: skip
+
+    async def scenario() -> list[str]:
+        outputs = []
+        async with world.client(*WS, "--reload-interval", "0.1", rules=False) as client:
+            for command in (plant, "sleep 1", f"touch {m.outside}/escaped; echo touched=$?"):
+                data = payload(await client.call_tool("shell", shell_args(m, command)))
+                outputs.append(str(data["output"]))
+        return outputs
+
+    outputs = asyncio.run(scenario())
+    # Today: planted=0, touched=0 and outside/escaped exists.
+    assert not (m.outside / "escaped").exists(), outputs

@@ -439,3 +439,39 @@ def test_mcp_a_call_cannot_plant_project_rules_for_the_next_call(world) -> None:
     outputs = asyncio.run(scenario())
     # Today: planted=0, touched=0 and outside/escaped exists.
     assert not (m.outside / "escaped").exists(), outputs
+
+
+# -- $EXECGATE_HOME as a writable root --------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["writable-root", "workspace"])
+def test_execgate_home_stays_read_only_when_it_is_a_writable_root(place, how: str) -> None:  # type: ignore[no-untyped-def]
+    """Inside a writable root, $EXECGATE_HOME is carved out read-only; as the root itself it is
+    not (while `--writable-root ~/.codex` keeps `.codex/rules` read-only): the session writes
+    the user's rules and trust list, and the next session escalates by them."""
+    user, base = place
+    home, ws, outside = base / "xhome", base / "ws", base / "outside"
+    for d in (home, ws, outside):
+        d.mkdir()
+    _give(base, user)
+    env = {"EXECGATE_HOME": str(home), "PATH": "/usr/bin:/bin", "HOME": str(base / "h"),
+           "CODEX_HOME": str(base / "h" / ".codex")}  # fmt: skip
+    plant = (f"mkdir -p {home}/rules; "
+             f"echo 'prefix_rule([\"touch\"], \"allow\")' > {home}/rules/x.rules; "
+             f"echo 'trusted = [\"/\"]' > {home}/trusted-projects.toml; echo planted=$?")  # fmt: skip
+    where = ["--writable-root", str(home)] if how == "writable-root" else []
+    cwd = home if how == "workspace" else ws
+    eg = [sys.executable, "-m", "execgate", "run", "--sandbox", "workspace-write",
+          "--exclude-tmp", "--exclude-tmpdir"]  # fmt: skip
+
+    def run(*argv: str, cwd: Path) -> subprocess.CompletedProcess[bytes]:
+        if user is None:
+            return subprocess.run([*eg, *argv], cwd=cwd, env={**os.environ, **env},
+                                  capture_output=True, timeout=120)  # fmt: skip
+        return user.run([*eg, *argv], cwd=cwd, env=env)
+
+    first = run(*where, "--", "bash", "-c", plant, cwd=cwd)
+    second = run("--", "touch", str(outside / "escaped"), cwd=ws)
+    # Today (writable-root): planted=0, x.rules exists, and the next session escalates touch.
+    assert not (home / "rules" / "x.rules").exists(), (first.stdout, first.stderr)
+    assert not (outside / "escaped").exists(), second.stderr

@@ -319,8 +319,10 @@ PTRACE_SNAPSHOT = textwrap.dedent(
     srv=$(echo "$EXECGATE_SNAPSHOT" | cut -d/ -f3); n=$(echo "$EXECGATE_SNAPSHOT" | cut -d/ -f5)
     /usr/bin/python3 -c '
     import struct
-    open("empty.snap", "wb").write(b"EGSNAP1\\0" + bytes(16) + struct.pack("<QQ", 64, 64) + bytes(24))'
-    gdb -p "$srv" -batch -ex "call (int)dup2((int)open(\\"$PWD/empty.snap\\", 0), $n)" 2>&1 | tail -2
+    head = b"EGSNAP1\\0" + bytes(16) + struct.pack("<QQ", 64, 64) + bytes(24)
+    open("empty.snap", "wb").write(head)'
+    call="call (int)dup2((int)open(\\"$PWD/empty.snap\\", 0), $n)"
+    gdb -p "$srv" -batch -ex "$call" 2>&1 | tail -2
     marker; echo marker=$?
     """
 )
@@ -425,8 +427,8 @@ def test_mcp_a_call_cannot_plant_project_rules_for_the_next_call(world) -> None:
 
     m = world.mcp
     assert world.run([sys.executable, "-m", "execgate", "trust", str(m.work)]).returncode == 0
-    plant = ("mkdir -p .execgate/rules && "
-             "echo 'prefix_rule([\"touch\"], \"allow\")' > .execgate/rules/x.rules; echo planted=$?")  # fmt: skip
+    rule = 'prefix_rule(["touch"], "allow")'
+    plant = f"mkdir -p .execgate/rules && echo '{rule}' > .execgate/rules/x.rules; echo planted=$?"
 
     async def scenario() -> list[str]:
         outputs = []
@@ -458,7 +460,8 @@ def test_execgate_home_stays_read_only_when_it_is_a_writable_root(place, how: st
            "CODEX_HOME": str(base / "h" / ".codex")}  # fmt: skip
     plant = (f"mkdir -p {home}/rules; "
              f"echo 'prefix_rule([\"touch\"], \"allow\")' > {home}/rules/x.rules; "
-             f"echo 'trusted = [\"/\"]' > {home}/trusted-projects.toml; echo planted=$?")  # fmt: skip
+             f"echo 'trusted = [\"/\"]' > {home}/trusted-projects.toml; "
+             "echo planted=$?")  # fmt: skip
     where = ["--writable-root", str(home)] if how == "writable-root" else []
     cwd = home if how == "workspace" else ws
     eg = [sys.executable, "-m", "execgate", "run", "--sandbox", "workspace-write",

@@ -14,7 +14,7 @@ import os
 import posixpath
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from execgate.gate.identity import ExecFile, FileId, Interpreter
 from execgate.gate.protocol import ExecRequest
@@ -122,6 +122,29 @@ class GatedExec:
             posixpath.basename(self.path),
             posixpath.basename(self.program),
         )
+
+
+def vouched(exec_: GatedExec, pid: int) -> GatedExec:
+    """``exec_`` with what the client only claimed replaced by what the kernel says: the asking
+    process is the socket's peer (``SO_PEERCRED``), its parent and working directory come from
+    ``/proc``, and ``path`` counts as a name of the program only while it still names the file
+    that was judged (else the file's canonical path stands in: a name that points elsewhere
+    could make policy judge another file than the one that runs)."""
+    cwd, ppid = exec_.cwd, exec_.ppid
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        pass  # the process is gone: nothing will run for it anyway
+    path = exec_.path
+    try:
+        st = os.stat(path)
+        if (st.st_dev, st.st_ino) != (exec_.dev, exec_.ino):
+            path = exec_.realpath or path
+    except (OSError, ValueError):
+        path = exec_.realpath or path
+    return replace(exec_, pid=pid, ppid=ppid, cwd=cwd, path=path)
 
 
 def runs_file(program: ExecFile, interpreters: tuple[Interpreter, ...]) -> ExecFile:

@@ -42,7 +42,7 @@ from execgate.gate.escalation import (
 from execgate.gate.identity import ExecFile, IdentityError, describe_path, inspect_descriptors
 from execgate.gate.launcher import LaunchedProcess, Launcher, LauncherError
 from execgate.gate.livepolicy import LivePolicy
-from execgate.gate.program import GatedExec, runs_file
+from execgate.gate.program import GatedExec, runs_file, vouched
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import Answer, GateServer, Peer
 from execgate.gate.snapshot import SealedSnapshot
@@ -442,7 +442,7 @@ class EscalationSession:
             if self.audit:
                 self.audit.record(exec_, Verdict.DENY.value, str(exc))
             return protocol.encode_deny(self.denial(exec_, str(exc)))
-        exec_ = GatedExec.from_request(request, program, interpreters)
+        exec_ = vouched(GatedExec.from_request(request, program, interpreters), peer.pid)
         if self.live.fail_closed_reason:
             action = Action(Verdict.DENY, self.live.fail_closed_reason)
         else:
@@ -533,7 +533,7 @@ class EscalationSession:
                 # An escalated interpreter reads a script by its canonical path: the name the
                 # caller used could be re-pointed (a symlink in the workspace) before it does.
                 argv=[os.fsencode(word) for word in exec_.exec_argv(exec_.realpath)],
-                cwd=request.cwd,
+                cwd=os.fsencode(exec_.cwd),
                 env=self.escalated_env_rules(),
             )
         except (LauncherError, ProtocolError) as exc:

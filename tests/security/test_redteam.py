@@ -109,74 +109,21 @@ def test_interpreter_rule_escalates_only_the_script_it_names(place, mode: str) -
     assert "evil ran" not in out or "answer run" in out, out
 
 
-# With the sandbox off, a gated process (same user) stops the server, kills the launcher, then
-# kills the server: the session's processes are orphaned to init and outlive the session.
-KILL_BOTH = textwrap.dedent(
-    """
-    srv=$(echo "$EXECGATE_SNAPSHOT" | cut -d/ -f3)
-    p=$$
-    while [ "$p" -gt 1 ] && [ "$(cat /proc/$p/comm)" != execgate-launch ]; do
-        p=$(awk '{print $4}' /proc/$p/stat)
-    done
-    (setsid sh -c 'echo $$ > survivor.pid; exec sleep 600' </dev/null >/dev/null 2>&1 &)
-    while [ ! -s survivor.pid ]; do sleep 0.05; done
-    (kill -STOP "$srv"; kill -9 "$p"; kill -9 "$srv") &
-    wait
-    """
-)
-
-
-def test_killing_launcher_and_server_leaves_nothing_behind(place) -> None:  # type: ignore[no-untyped-def]
-    user, base = place
-    ws = base / "ws"
-    ws.mkdir()
-    rules = base / "r.rules"
-    rules.write_text('prefix_rule(["marker"], "forbidden")\n')
-    (ws / "kill.sh").write_text(KILL_BOTH)
-    _give(base, user)
-    cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), "--sandbox", "off",
-           "--", "bash", "kill.sh"]  # fmt: skip
-    env = {"EXECGATE_HOME": str(base / "home"), "PATH": "/usr/bin:/bin"}
-    if user is None:
-        subprocess.run(cmd, cwd=ws, env={**os.environ, **env}, capture_output=True, timeout=60)
-    else:
-        user.run(cmd, cwd=ws, env=env)
-    pid = int((ws / "survivor.pid").read_text())
-    import time
-
-    time.sleep(1.0)  # the session's clean-up, if any, had time to act
-    try:
-        alive = b"sleep" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        alive = False
-    if alive:
-        os.kill(pid, 9)
-    assert not alive, "a process of the session outlived it"
-
-
 # -- answering the terminal prompt from inside the session ----------------------------------
 
-# Sandbox off: no seccomp filter, and dev.tty.legacy_tiocsti=1 (the default on most kernels):
-# a gated process pushes "o\n" into its own terminal's input once the question is shown.
-TIOCSTI = textwrap.dedent(
-    """
-    import fcntl, os, termios, time
-    time.sleep(1.5)
-    fd = os.open("/dev/tty", os.O_RDWR)
-    for c in b"o\\n":
-        fcntl.ioctl(fd, termios.TIOCSTI, bytes([c]))
-    """
-)
-# Any mode: the user's tmux server is a pathname socket the sandbox lets the session reach.
-TMUX_KEYS = "(sleep 1.5; tmux send-keys o Enter) &"
+# The user's tmux server is a pathname socket: unless the sandbox hides its folder, a gated
+# process types the answer into its own pane. (With the sandbox off a same-user process can
+# always do so, also with ioctl(TIOCSTI): docs/threat-model.md; seccomp refuses TIOCSTI inside.)
+TMUX_KEYS = "(sleep 1.5; tmux send-keys o Enter; echo $? > sent) &"
 
 
 def _in_tmux(user, base: Path, ws: Path, argv: list[str], env: dict[str, str]) -> str:  # type: ignore[no-untyped-def]
-    """Run ``argv`` in a pane of a private tmux server (as ``user``); return what it printed."""
+    """Run ``argv`` in a pane of a private tmux server (as ``user``); once the attack is over
+    (``ws/sent``), answer the prompt "n" as the human would; return what it printed."""
     import shlex
     import time
 
-    sock, out, done = base / "tmux.sock", base / "pane.out", base / "pane.done"
+    sock, out, done = base / "tmux" / "default", base / "pane.out", base / "pane.done"
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     line = (f"cd {shlex.quote(str(ws))} && env {exports} {shlex.join(argv)} "
             f"> {out} 2>&1; touch {done}; sleep 30")  # fmt: skip
@@ -184,6 +131,12 @@ def _in_tmux(user, base: Path, ws: Path, argv: list[str], env: dict[str, str]) -
     full_env = {**os.environ, "TERM": "xterm"}
     subprocess.run(user.argv(tmux) if user else tmux, env=full_env, check=True, timeout=30)
     try:
+        for _ in range(300):
+            if (ws / "sent").exists():
+                break
+            time.sleep(0.1)
+        keys = ["tmux", "-S", str(sock), "send-keys", "n", "Enter"]
+        subprocess.run(user.argv(keys) if user else keys, env=full_env, timeout=30)
         for _ in range(300):
             if done.exists():
                 break
@@ -194,28 +147,25 @@ def _in_tmux(user, base: Path, ws: Path, argv: list[str], env: dict[str, str]) -
         subprocess.run(user.argv(kill) if user else kill, env=full_env, timeout=30)
 
 
-@pytest.mark.parametrize(
-    "mode, trick",
-    [("off", "tiocsti"), ("off", "tmux"), ("workspace-write", "tmux"), ("strict-exec", "tmux")],
-)
-def test_a_gated_process_cannot_answer_its_own_prompt(place, mode: str, trick: str) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("mode", MODES)
+def test_a_gated_process_cannot_answer_its_own_prompt(place, mode: str) -> None:  # type: ignore[no-untyped-def]
     user, base = place
     ws, outside = base / "ws", base / "outside"
-    ws.mkdir()
-    outside.mkdir()
+    for folder in (ws, outside, base / "tmux"):
+        folder.mkdir()
+    (base / "tmux").chmod(0o700)
     rules = base / "r.rules"
     rules.write_text('prefix_rule(["touch"], "prompt")\n')
-    (ws / "sti.py").write_text(TIOCSTI)
     _give(base, user)
-    answer = "(/usr/bin/python3 sti.py &);" if trick == "tiocsti" else TMUX_KEYS
-    script = f"{answer} touch {outside}/approved; echo touched=$?; wait"
-    options = ["--sandbox", "off"] if mode == "off" else MODES[mode]
+    script = f"{TMUX_KEYS} touch {outside}/approved; echo touched=$?; wait"
+    options = MODES[mode]
     argv = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), *options,
             "--", "bash", "-c", script]  # fmt: skip
     env = {"EXECGATE_HOME": str(base / "home"), "PATH": "/usr/bin:/bin", "HOME": str(base)}
     out = _in_tmux(user, base, ws, argv, env)
-    assert "requires approval" in out or "touched=" in out, out  # the question was asked
-    # Today: touched=0 and outside/approved exists: the session approved its own `touch`.
+    assert "touched=" in out, out  # the question was asked and answered (by the human)
+    assert (ws / "sent").read_text().strip() != "0", out  # send-keys could not reach tmux
+    # Before: touched=0 and outside/approved exists: the session approved its own `touch`.
     assert not (outside / "approved").exists(), out
 
 
@@ -301,59 +251,6 @@ def test_claim_socket_memory_is_bounded(place, mode: str) -> None:  # type: igno
     rss_kb = int(out.split("launcher-rss-kb", 1)[1].split()[0])
     # Today: ~370 MB for 24 connections (4096 are accepted: ~64 GB).
     assert rss_kb < 64 * 1024, out
-
-
-# -- sandbox off: the server is ptrace-able by the processes it gates -------------------------
-
-MARKER_C = r"""
-#include <fcntl.h>
-#include <unistd.h>
-int main(void) { int fd = open(TRACE, O_WRONLY | O_CREAT, 0666); if (fd >= 0) close(fd); return 0; }
-"""
-
-# Without Yama (or with ptrace_scope 0) a same-user process attaches to its ancestor, the
-# server, and puts an empty snapshot at the sealed memfd's number: the interposer's fast path
-# then runs the forbidden program without asking.
-PTRACE_SNAPSHOT = textwrap.dedent(
-    """
-    srv=$(echo "$EXECGATE_SNAPSHOT" | cut -d/ -f3); n=$(echo "$EXECGATE_SNAPSHOT" | cut -d/ -f5)
-    /usr/bin/python3 -c '
-    import struct
-    head = b"EGSNAP1\\0" + bytes(16) + struct.pack("<QQ", 64, 64) + bytes(24)
-    open("empty.snap", "wb").write(head)'
-    call="call (int)dup2((int)open(\\"$PWD/empty.snap\\", 0), $n)"
-    gdb -p "$srv" -batch -ex "$call" 2>&1 | tail -2
-    marker; echo marker=$?
-    """
-)
-
-
-@pytest.mark.skipif(not os.path.exists("/usr/bin/gdb"), reason="needs gdb")
-def test_sandbox_off_snapshot_cannot_be_replaced_through_ptrace(place) -> None:  # type: ignore[no-untyped-def]
-    user, base = place
-    ws, bindir = base / "ws", base / "bin"
-    ws.mkdir()
-    bindir.mkdir()
-    (ws / ".traces").mkdir()
-    src = base / "marker.c"
-    src.write_text(MARKER_C)
-    trace = ws / ".traces" / "ran-marker"
-    subprocess.run(["cc", f'-DTRACE="{trace}"', "-o", bindir / "marker", src], check=True)
-    rules = base / "r.rules"
-    rules.write_text('prefix_rule(["marker"], "forbidden")\n')
-    (ws / "ptr.sh").write_text(PTRACE_SNAPSHOT)
-    _give(base, user)
-    cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), "--sandbox", "off",
-           "--", "bash", "ptr.sh"]  # fmt: skip
-    env = {"EXECGATE_HOME": str(base / "home"), "PATH": f"{bindir}:/usr/bin:/bin"}
-    if user is None:
-        r = subprocess.run(cmd, cwd=ws, env={**os.environ, **env}, capture_output=True,
-                           timeout=120)  # fmt: skip
-    else:
-        r = user.run(cmd, cwd=ws, env=env)
-    # Today: "marker=0" and the trace exists.
-    assert b"marker=" in r.stdout, (r.stdout, r.stderr)
-    assert not trace.exists(), (r.stdout, r.stderr)
 
 
 # -- the prompt's process chain and cwd are the caller's claims -------------------------------
@@ -448,9 +345,9 @@ def test_mcp_a_call_cannot_plant_project_rules_for_the_next_call(world) -> None:
 
 @pytest.mark.parametrize("how", ["writable-root", "workspace"])
 def test_execgate_home_stays_read_only_when_it_is_a_writable_root(place, how: str) -> None:  # type: ignore[no-untyped-def]
-    """Inside a writable root, $EXECGATE_HOME is carved out read-only; as the root itself it is
-    not (while `--writable-root ~/.codex` keeps `.codex/rules` read-only): the session writes
-    the user's rules and trust list, and the next session escalates by them."""
+    """Inside a writable root, $EXECGATE_HOME is carved out read-only; as the root itself (or
+    inside one) it cannot be: the session writing the user's rules and trust list would let the
+    next session escalate. Such a session is refused before anything runs."""
     user, base = place
     home, ws, outside = base / "xhome", base / "ws", base / "outside"
     for d in (home, ws, outside):
@@ -474,7 +371,15 @@ def test_execgate_home_stays_read_only_when_it_is_a_writable_root(place, how: st
         return user.run([*eg, *argv], cwd=cwd, env=env)
 
     first = run(*where, "--", "bash", "-c", plant, cwd=cwd)
+    assert first.returncode != 0 and b"planted=" not in first.stdout, first.stdout
+    error = first.stderr.decode().strip()
+    assert error.startswith("execgate: error:") and str(home) in error, error
+    assert len(error.splitlines()) == 1, error
     second = run("--", "touch", str(outside / "escaped"), cwd=ws)
-    # Today (writable-root): planted=0, x.rules exists, and the next session escalates touch.
     assert not (home / "rules" / "x.rules").exists(), (first.stdout, first.stderr)
+    assert not (home / "trusted-projects.toml").exists()
     assert not (outside / "escaped").exists(), second.stderr
+    # The session kept working: a root that merely holds $EXECGATE_HOME is fine.
+    third = run("--writable-root", str(base), "--", "bash", "-c", plant, cwd=ws)
+    assert b"planted=" in third.stdout, (third.stdout, third.stderr)
+    assert not (home / "rules" / "x.rules").exists(), third.stdout

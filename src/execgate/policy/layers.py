@@ -103,6 +103,9 @@ def rules_files_in(folder: Path) -> list[Path]:
     return sorted(found, key=lambda p: os.fsencode(p.name))
 
 
+#: The folders of a project whose ``rules`` folder is a project layer.
+PROJECT_FOLDERS = (".execgate", ".codex")
+
 # --- trust ----------------------------------------------------------------------------------
 
 
@@ -148,6 +151,13 @@ def trusted_projects() -> list[Path]:
     except OSError as exc:
         raise PolicyError(f"cannot read the trust list: {exc.strerror}", path=str(where)) from None
     return [Path(p) for p in _read_trusted(text, where)]
+
+
+def trusted_project_folders() -> list[Path]:
+    """``<project>/.execgate`` and ``<project>/.codex`` of every trusted project, existing or
+    not: a session must not create them (with rules inside) where it may write
+    (``sandbox.guarded`` makes them read-only carve-outs)."""
+    return [project / name for project in trusted_projects() for name in PROJECT_FOLDERS]
 
 
 def is_trusted(directory: Path, trusted: list[Path] | None = None) -> bool:

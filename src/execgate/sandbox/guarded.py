@@ -5,8 +5,14 @@
   ``sys.path`` entry — the dependencies — and the interpreter with its standard library);
 * execgate's and Codex's state (``paths.state_paths``: rules, ``config.toml``, trust list,
   caches, logs, approvals);
-* the control folder (``paths.control_dir``), hidden altogether: a gated process must not
-  reach a control socket, let alone answer a question with it.
+* the ``.execgate`` and ``.codex`` folders of every trusted project (created when missing and
+  writable), so no session plants project rules for the next one;
+* the control folder (``paths.control_dir``) and the terminal multiplexers' socket folders
+  (tmux, GNU screen), hidden altogether: a gated process must not reach a control socket, let
+  alone answer a question with it (``tmux send-keys`` into its own prompt).
+
+A writable root that is, or lies inside, a state folder is refused: nothing inside a writable
+root's own folder can be carved out of it. So is a hidden folder holding a writable root.
 
 A session adds these to its sandbox (``SandboxSpec.with_gate_paths``); only the ones inside a
 writable root become read-only carve-outs (the rest of the filesystem is read-only anyway).
@@ -14,8 +20,10 @@ writable root become read-only carve-outs (the rest of the filesystem is read-on
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import pwd
 import shutil
 import site
 import stat
@@ -27,6 +35,7 @@ import execgate
 from execgate import paths
 from execgate.errors import ExecgateError
 from execgate.files import make_private_dir
+from execgate.policy.layers import trusted_project_folders
 from execgate.sandbox.spec import SandboxSpec
 
 CONSOLE_SCRIPT = "execgate"
@@ -77,12 +86,73 @@ def _user_site() -> list[Path]:
     return [Path(site.getusersitepackages())]
 
 
-def _make_missing_dirs(spec: SandboxSpec) -> None:
-    """Create the state folders (and the user site-packages) that do not exist yet but would
-    be writable: a carve-out needs something to mount, and a missing rules folder inside a
-    writable root could otherwise be created, with rules in it, from inside."""
-    for path in [*paths.state_paths(), *_user_site()]:
-        if os.path.lexists(path) or not spec.allows_write(path):
+def _under(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _refuse_roots_in_state(spec: SandboxSpec) -> None:
+    """A writable root is the top of what the launcher can carve out: a state folder that is
+    a root, or holds one, would stay writable (rules, trust list for the next session)."""
+    if spec.mode != "workspace-write":
+        return
+    for state in paths.state_paths():
+        real = Path(os.path.realpath(state))
+        for root in spec.writable_roots:
+            if _under(Path(os.path.realpath(root)), real):
+                raise ExecgateError(
+                    f"the writable root {root} is inside execgate's state folder {real}, "
+                    "which no sandbox may write; work in another directory"
+                )
+
+
+def multiplexer_dirs() -> list[Path]:
+    """The existing folders of the terminal multiplexers' control sockets (resolved): a
+    confined process reaching one could type into any pane, its own prompt included."""
+    uid = os.getuid()
+    found: list[str] = []
+    tmux = os.environ.get("TMUX", "").split(",", 1)[0]
+    if os.path.isabs(tmux):
+        found.append(os.path.dirname(tmux))
+    tmux_tmpdir = os.environ.get("TMUX_TMPDIR")
+    for base in ["/tmp", *([tmux_tmpdir] if tmux_tmpdir and os.path.isabs(tmux_tmpdir) else [])]:
+        found.append(os.path.join(base, f"tmux-{uid}"))
+    screen = os.environ.get("SCREENDIR")
+    if screen and os.path.isabs(screen):
+        found.append(screen)
+    with contextlib.suppress(KeyError):  # a uid without a name has no screen folder
+        found.append(f"/run/screen/S-{pwd.getpwuid(uid).pw_name}")
+    dirs: list[Path] = []
+    for folder in found:
+        real = Path(os.path.realpath(folder))
+        if real.is_dir() and real not in dirs:
+            dirs.append(real)
+    return dirs
+
+
+def _refuse_hiding_roots(spec: SandboxSpec, hidden: list[Path]) -> None:
+    """A hidden folder that is or holds a writable root would hide the work itself."""
+    for folder in hidden:
+        for root in spec.writable_roots:
+            if _under(Path(os.path.realpath(root)), folder):
+                raise ExecgateError(
+                    f"the writable root {root} is inside {folder}, a terminal multiplexer's "
+                    "socket folder that every sandbox hides; move the socket elsewhere "
+                    "(e.g. tmux -S) or work in another directory"
+                )
+
+
+def _make_missing_dirs(spec: SandboxSpec, folders: list[Path]) -> None:
+    """Create the state and project rules folders (and the user site-packages) that do not
+    exist yet but would be writable: a carve-out needs something to mount, and a missing rules
+    folder inside a writable root could otherwise be created, with rules in it, from inside."""
+    roots = [Path(os.path.realpath(r)) for r in spec.writable_roots]
+    for path in [*paths.state_paths(), *_user_site(), *folders]:
+        if os.path.lexists(path):
+            continue
+        # Inside a root counts even when a protected name covers it: ``--protect`` only
+        # covers names that exist when a process is spawned.
+        real = Path(os.path.realpath(path))
+        if not spec.allows_write(path) and not any(_under(real, r) for r in roots):
             continue
         try:
             make_private_dir(path)
@@ -95,11 +165,15 @@ def guard(spec: SandboxSpec) -> tuple[list[Path], list[Path]]:
     control and state folders it must protect when they are missing)."""
     if not spec.confines:
         return [], []
+    _refuse_roots_in_state(spec)
+    multiplexers = multiplexer_dirs()
+    _refuse_hiding_roots(spec, multiplexers)
     control = paths.control_dir()
     ensure_control_dir(control)
-    _make_missing_dirs(spec)
-    readonly = [*installation_paths(), *_user_site(), *paths.state_paths()]
-    return [p for p in readonly if os.path.lexists(p)], [control]
+    projects = trusted_project_folders()
+    _make_missing_dirs(spec, projects)
+    readonly = [*installation_paths(), *_user_site(), *paths.state_paths(), *projects]
+    return [p for p in readonly if os.path.lexists(p)], [control, *multiplexers]
 
 
 def ensure_control_dir(folder: Path) -> Path:

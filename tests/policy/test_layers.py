@@ -88,7 +88,7 @@ def test_project_rules_need_trust(env: Env) -> None:
     assert load_layered_policy(repo).policy.evaluate(["deploy"]).decision is None
     assert trust_project(repo) is True
     assert trust_project(repo) is False
-    assert is_trusted(repo / "sub" / "dir")
+    assert not is_trusted(repo / "sub" / "dir")  # the folder itself, not what lies below
     assert trusted_projects() == [repo.resolve()]
     assert load_layered_policy(repo).policy.evaluate(["deploy"]).decision is Decision.FORBIDDEN
     assert untrust_project(repo) is True
@@ -104,12 +104,13 @@ def test_project_dirs_run_from_the_repository_root_down(env: Env) -> None:
     for directory, name in ((repo, "root"), (repo / "a", "mid"), (deep, "deep")):
         env.write(directory / ".execgate" / "rules" / f"{name}.rules", rule(name))
     env.write(env.work / ".execgate" / "rules" / "outside.rules", rule("outside"))
-    trust_project(env.work)
-    assert layered(env, deep) == [
-        ("project", "root.rules"),
-        ("project", "mid.rules"),
-        ("project", "deep.rules"),
-    ]
+    trust_project(env.work)  # a folder above the repository: nothing below it is read
+    assert [layer for layer in layered(env, deep) if layer[0] == "project"] == []
+    trust_project(repo)
+    trust_project(deep)
+    # Only folders on the trust list themselves: "mid" lies below a trusted folder, where a
+    # sandboxed session could have created it.
+    assert layered(env, deep) == [("project", "root.rules"), ("project", "deep.rules")]
     assert project_root(deep) == repo.resolve()
 
 
@@ -118,6 +119,9 @@ def test_outside_a_repository_only_the_working_directory(env: Env) -> None:
     env.write(env.work / ".execgate" / "rules" / "up.rules", rule("up"))
     env.write(sub / ".execgate" / "rules" / "here.rules", rule("here"))
     trust_project(env.work)
+    # sub lies below the trusted folder but is not trusted itself
+    assert [layer for layer in layered(env, sub) if layer[0] == "project"] == []
+    trust_project(sub)
     assert layered(env, sub) == [("project", "here.rules")]
 
 

@@ -91,7 +91,7 @@ def register(subparsers: Any) -> None:
 
     trust = subparsers.add_parser(
         "trust",
-        help="load the project rules of DIR (default: this repository) and everything below",
+        help="load the project rules of DIR (default: this repository) for commands run in DIR",
     )
     trust.add_argument("directory", nargs="?", type=Path, metavar="DIR")
     trust.set_defaults(handler=run_trust)

@@ -161,12 +161,10 @@ def trusted_project_folders() -> list[Path]:
 
 
 def is_trusted(directory: Path, trusted: list[Path] | None = None) -> bool:
-    """Trusting a folder trusts everything below it."""
-    directory = _canonical(directory)
-    for root in trusted if trusted is not None else trusted_projects():
-        if directory == root or root in directory.parents:
-            return True
-    return False
+    """Whether ``directory`` itself is on the trust list. Folders below a trusted one are not:
+    a sandboxed session can create folders there, but not the trusted folders' own
+    ``.execgate``/``.codex``, which every sandbox keeps read-only."""
+    return _canonical(directory) in (trusted if trusted is not None else trusted_projects())
 
 
 def _update_trust(directory: Path, add: bool) -> bool:
@@ -193,7 +191,8 @@ def _update_trust(directory: Path, add: bool) -> bool:
 
 
 def trust_project(directory: Path) -> bool:
-    """Mark ``directory`` (and everything below it) trusted; ``False`` if it already was."""
+    """Put ``directory`` on the trust list (its own ``.execgate``/``.codex`` rules are read);
+    ``False`` if it already was."""
     return _update_trust(directory, add=True)
 
 

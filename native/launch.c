@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1579,6 +1580,9 @@ int main(int argc, char **argv)
     int probe = 0;
     long long control = -1, claim = -1;
     char err[256];
+    /* Claim buffers of 1 MiB and more are mapped and go back to the system when freed (a
+     * fixed threshold: glibc's adaptive one would keep them in the heap after the first). */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
     for (int i = 1; i < argc; i++) {
         int r = sb_parse_option(&g_sandbox, argc, argv, &i, err, sizeof err);
         if (r < 0) {

@@ -16,8 +16,9 @@
  *
  * Single-threaded; one poll() loop over the control socket, a signalfd (SIGCHLD, SIGTERM), the
  * claim socket and its connections (read without blocking, each into its own buffer, so a
- * claimer that sends half a frame stalls nobody) and the close-on-exec error pipes of spawns
- * that have not exec'ed yet.
+ * claimer that sends half a frame stalls nobody; unfinished claims are bounded in number, bytes
+ * and time, so claimers cannot make the launcher hold much memory) and the close-on-exec error
+ * pipes of spawns that have not exec'ed yet.
  */
 #include "common.h"
 #include "sandbox.h"
@@ -26,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -62,6 +64,15 @@
 #define MSG_CAP 1024
 #define MAX_LIFETIME_MS 3600000LL /* bound on a ticket's lifetime */
 #define MAX_CONNS 4096             /* claim connections open at once */
+/* Unfinished claims (accepted, claim frame not complete yet), protocol §4: at most this many
+ * at once (more wait in the listen backlog: a claimer is often accepted before it sends), ... */
+#define MAX_UNFINISHED_CLAIMS 16
+/* ... buffers of at most this many bytes in all (two claims of the largest frame, and room),
+ * a connection whose buffer would not fit is closed ... */
+#define MAX_UNFINISHED_BYTES ((size_t)2 * EG_MAX_PAYLOAD + ((size_t)8 << 20))
+/* ... and each one closed if its claim frame is not complete this long after it was accepted. */
+#define CLAIM_DEADLINE_MS 30000LL
+#define MAX_SIGNAL_FRAME 256 /* frames after the claim are `signal` frames: small */
 #define MAX_TICKET 255
 #define MAX_TICKETS 256 /* outstanding authorizations; the oldest goes first */
 
@@ -87,6 +98,8 @@ struct conn {
     int fd;                   /* -1 once closed */
     pid_t peer;               /* SO_PEERCRED pid of the claimer */
     int claimed;              /* the claim frame has been handled */
+    int unfinished;           /* counted in g_unfinished (its incap in g_unfinished_bytes) */
+    long long deadline;       /* now_ms() by which its claim frame must be complete */
     pid_t pid;                /* the escalated program until it is reaped, else 0 */
     int running;              /* it exec'ed: signals go to it directly */
     unsigned long long held;  /* signals that arrived before it exec'ed (bit n-1: signal n) */
@@ -121,6 +134,8 @@ static int g_claim = -1;      /* the claim socket (listening), or -1 */
 static uid_t g_uid;
 static struct conn **g_conns; /* open claim connections */
 static size_t g_nconns, g_capconns;
+static size_t g_unfinished;       /* connections whose claim frame is not complete */
+static size_t g_unfinished_bytes; /* the capacity of their buffers */
 static struct conn *g_dead;   /* released this round, freed at the top of the next */
 static struct ticket *g_tickets;
 static size_t g_ntickets;     /* at most MAX_TICKETS: each holds a descriptor */
@@ -1067,6 +1082,16 @@ static char **apply_env(const struct ticket *t, char **env)
 
 /* -- claim connections (protocol §4) ---------------------------------------------------------- */
 
+/* Its claim frame is complete, or it closed: it leaves the bounds of unfinished claims. */
+static void conn_settle(struct conn *c)
+{
+    if (!c->unfinished)
+        return;
+    c->unfinished = 0;
+    g_unfinished--;
+    g_unfinished_bytes -= c->incap;
+}
+
 static void conn_release(struct conn *c)
 {
     c->next_dead = g_dead;
@@ -1090,6 +1115,7 @@ static void conn_close(struct conn *c)
 {
     if (c->fd < 0)
         return;
+    conn_settle(c);
     for (int i = 0; i < c->nfds; i++)
         close(c->fds[i]);
     c->nfds = 0;
@@ -1288,7 +1314,7 @@ static void conn_input(struct conn *c)
                            (uint32_t)(unsigned char)c->in[1] << 8 |
                            (uint32_t)(unsigned char)c->in[2] << 16 |
                            (uint32_t)(unsigned char)c->in[3] << 24;
-            if (len == 0 || len > EG_MAX_PAYLOAD) {
+            if (len == 0 || len > (c->claimed ? MAX_SIGNAL_FRAME : EG_MAX_PAYLOAD)) {
                 conn_close(c);
                 return;
             }
@@ -1297,11 +1323,17 @@ static void conn_input(struct conn *c)
         }
         if (c->incap - c->inlen < want) {
             size_t cap = c->inlen + want;
+            if (c->unfinished && g_unfinished_bytes - c->incap + cap > MAX_UNFINISHED_BYTES) {
+                conn_close(c); /* over the budget: the claimer is denied */
+                return;
+            }
             char *in = realloc(c->in, cap);
             if (!in) {
                 conn_close(c);
                 return;
             }
+            if (c->unfinished)
+                g_unfinished_bytes += cap - c->incap;
             c->in = in;
             c->incap = cap;
         }
@@ -1349,7 +1381,7 @@ static void conn_input(struct conn *c)
                            (uint32_t)(unsigned char)c->in[1] << 8 |
                            (uint32_t)(unsigned char)c->in[2] << 16 |
                            (uint32_t)(unsigned char)c->in[3] << 24;
-            if (len == 0 || len > EG_MAX_PAYLOAD) {
+            if (len == 0 || len > (c->claimed ? MAX_SIGNAL_FRAME : EG_MAX_PAYLOAD)) {
                 conn_close(c);
                 return;
             }
@@ -1359,6 +1391,7 @@ static void conn_input(struct conn *c)
             char *payload = c->in + EG_HEADER;
             if (!c->claimed) {
                 c->claimed = 1;
+                conn_settle(c);
                 handle_claim(c, payload, len);
             } else if (handle_claimer_signal(c, payload, len) < 0) {
                 conn_close(c);
@@ -1378,10 +1411,26 @@ static void conn_input(struct conn *c)
     }
 }
 
-/* Accept every pending claim connection. */
+/* Close the unfinished claims past their deadline; the next one's, or -1 if none. */
+static long long expire_claims(void)
+{
+    long long now = now_ms(), next = -1;
+    for (size_t i = g_nconns; i-- > 0;) { /* conn_close moves the last one to i */
+        struct conn *c = g_conns[i];
+        if (!c->unfinished)
+            continue;
+        if (now >= c->deadline)
+            conn_close(c);
+        else if (next < 0 || c->deadline < next)
+            next = c->deadline;
+    }
+    return next;
+}
+
+/* Accept pending claim connections while unfinished claims are under their bound. */
 static void accept_claims(void)
 {
-    for (;;) {
+    while (g_unfinished < MAX_UNFINISHED_CLAIMS) {
         int fd = accept4(g_claim, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
@@ -1417,6 +1466,9 @@ static void accept_claims(void)
         }
         c->fd = fd;
         c->peer = cred.pid;
+        c->unfinished = 1;
+        c->deadline = now_ms() + CLAIM_DEADLINE_MS;
+        g_unfinished++;
         g_conns[g_nconns++] = c;
         conn_input(c); /* the claim is usually there already */
     }
@@ -1528,6 +1580,9 @@ int main(int argc, char **argv)
     int probe = 0;
     long long control = -1, claim = -1;
     char err[256];
+    /* Claim buffers of 1 MiB and more are mapped and go back to the system when freed (a
+     * fixed threshold: glibc's adaptive one would keep them in the heap after the first). */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
     for (int i = 1; i < argc; i++) {
         int r = sb_parse_option(&g_sandbox, argc, argv, &i, err, sizeof err);
         if (r < 0) {
@@ -1631,11 +1686,12 @@ int main(int argc, char **argv)
         }
         pfds[0] = (struct pollfd){.fd = g_control, .events = POLLIN};
         pfds[1] = (struct pollfd){.fd = g_sigfd, .events = POLLIN};
-        int timeout = -1;
-        long long paused = g_accept_paused - now_ms();
-        pfds[2] = (struct pollfd){.fd = paused > 0 ? -1 : g_claim, .events = POLLIN};
-        if (paused > 0)
-            timeout = (int)paused;
+        long long now = now_ms(), paused = g_accept_paused - now, wake = expire_claims();
+        int full = g_unfinished >= MAX_UNFINISHED_CLAIMS; /* newcomers wait in the backlog */
+        pfds[2] = (struct pollfd){.fd = paused > 0 || full ? -1 : g_claim, .events = POLLIN};
+        if (paused > 0 && (wake < 0 || g_accept_paused < wake))
+            wake = g_accept_paused;
+        int timeout = wake < 0 ? -1 : (int)(wake > now ? wake - now : 0);
         size_t np = 3, nc = g_nconns;
         for (size_t i = 0; i < nc; i++) {
             polled[i] = g_conns[i];

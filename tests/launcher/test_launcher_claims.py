@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -293,6 +294,88 @@ def test_a_half_sent_claim_stalls_nobody() -> None:
     scenario(go)
 
 
+def closed_unanswered(c: Claimer) -> bool:
+    """The launcher closed the connection without an answer (unread bytes: a reset)."""
+    try:
+        return c.answer() is None
+    except ConnectionResetError:
+        return True
+
+
+def stalled(launcher: Launcher, announced: int, sent: int) -> Claimer:
+    """A claimer that announces a frame of `announced` bytes and sends `sent` of them."""
+    c = Claimer(launcher)
+    c.send(P.HEADER.pack(announced) + b"A" * sent)
+    return c
+
+
+BIG = 16 << 20  # the largest frame
+
+
+def rss_kib(launcher: Launcher) -> int:
+    with open(f"/proc/{launcher.pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS"))
+
+
+def test_unfinished_claims_are_bounded_in_bytes_and_big_claims_still_pass() -> None:
+    """Two claims of the largest frame fit the budget (§4); a third is closed, and an
+    ordinary claim with a big environment passes beside them."""
+
+    def go(launcher: Launcher) -> None:
+        first, second = stalled(launcher, BIG, 15 << 20), stalled(launcher, BIG, 15 << 20)
+        third = Claimer(launcher)
+        third.send(P.HEADER.pack(BIG))
+        assert closed_unanswered(third)  # its buffer would exceed the budget
+        length = ["/bin/sh", "-c", 'exit "${#BIGVAR}"']  # the exit code shows it arrived
+        drop_pad = P.EnvRules(drop_prefixes=(b"PAD",))  # (more would not fit an exec)
+
+        def env(mib: int) -> list[bytes]:
+            return [b"BIGVAR=" + b"x" * 200, *(b"PAD%d=" % i + b"y" * (1 << 16) for i in
+                                               range(mib * 16))]  # fmt: skip
+
+        authorize(launcher, "mid", length, env=drop_pad)
+        assert simple_claim(launcher, "mid", env(6)).answer() == ("exit", "200")
+        first.close()  # room for another claim of (nearly) the largest frame
+        authorize(launcher, "big", length, env=drop_pad)
+        assert simple_claim(launcher, "big", env(15)).answer() == ("exit", "200")
+        assert rss_kib(launcher) < 64 * 1024
+        second.close()
+        authorize(launcher, "after", ["/bin/true"])  # (served once the close was seen)
+        assert simple_claim(launcher, "after").answer() == ("exit", "0")
+        assert rss_kib(launcher) < 16 * 1024  # the big buffers went back to the system
+
+    scenario(go)
+
+
+def test_claims_beyond_the_unfinished_bound_wait_their_turn() -> None:
+    """16 unfinished claims at once (§4): the next one waits in the listen backlog, unread,
+    until one of them is done."""
+
+    def go(launcher: Launcher) -> None:
+        authorize(launcher, "next", ["/bin/sh", "-c", "exit 6"])
+        slow = [stalled(launcher, 100, 1) for _ in range(16)]
+        waiting = simple_claim(launcher, "next")
+        assert not select.select([waiting.sock], [], [], 1.0)[0]  # not served
+        slow.pop().close()
+        assert waiting.answer() == ("exit", "6")
+        for c in slow:
+            c.close()
+
+    scenario(go)
+
+
+def test_a_claim_that_stalls_mid_frame_is_closed_at_its_deadline() -> None:
+    def go(launcher: Launcher) -> None:
+        start = time.monotonic()
+        slow = stalled(launcher, 100, 50)
+        assert closed_unanswered(slow)  # (within TIMEOUT: the deadline is 30 s)
+        assert time.monotonic() - start >= 29.5
+        authorize(launcher, "t", ["/bin/true"])
+        assert simple_claim(launcher, "t").answer() == ("exit", "0")  # still serving
+
+    scenario(go)
+
+
 def test_malformed_claims_are_closed_without_an_answer() -> None:
     def go(launcher: Launcher) -> None:
         authorize(launcher, "t", ["/bin/true"])
@@ -335,6 +418,28 @@ def test_a_claimer_that_goes_away_takes_its_program_along() -> None:
         os.close(r)
         authorize(launcher, "u", ["/bin/true"])
         assert simple_claim(launcher, "u").answer() == ("exit", "0")
+
+    scenario(go)
+
+
+def test_a_big_frame_after_the_claim_is_malformed() -> None:
+    """After the claim come `signal` frames, which are small: a big one is not buffered but
+    closes the connection, and the program goes with it."""
+
+    def go(launcher: Launcher) -> None:
+        authorize(launcher, "t", [PYTHON, "-S", "-c", SLEEPER])
+        r, w = os.pipe()
+        with open(os.devnull, "r+b") as null:
+            c = Claimer(launcher)
+            c.claim("t", {0: null.fileno(), 1: w, 2: null.fileno()})
+        os.close(w)
+        assert select.select([r], [], [], TIMEOUT)[0]
+        pidfd = os.pidfd_open(int(os.read(r, 100)))
+        c.send(P.HEADER.pack(1 << 20) + b"A" * 1000)
+        assert closed_unanswered(c)
+        assert select.select([pidfd], [], [], TIMEOUT)[0], "the program is still running"
+        os.close(pidfd)
+        os.close(r)
 
     scenario(go)
 

@@ -94,7 +94,7 @@ def quote_word(word: str) -> str:
 
 def command_line(words: Iterable[str], limit: int | None = None) -> str:
     """A command as one line of quoted words; cut at ``limit`` characters with a note that
-    says how many characters of the command are not shown."""
+    says how many characters of that line are not shown."""
     words = list(words)
     shown: list[str] = []
     size = 0
@@ -109,10 +109,9 @@ def command_line(words: Iterable[str], limit: int | None = None) -> str:
         kept = _longest_prefix(word, max(room, 0))
         if kept:
             shown.append(separator + quote_word(word[:kept]))
-        # what is not shown: the rest of this word (and its separator, when none of it is),
-        # then every later word with its separator
-        hidden = len(word) - kept + (0 if kept else len(separator))
-        hidden += sum(1 + len(w) for w in words[index + 1 :])
+        # how much of the whole line is not shown (at least the quotes of an empty word)
+        whole = len(" ".join(map(quote_word, words)))
+        hidden = whole - len("".join(shown))
         return "".join(shown) + _cut_note(hidden)
     return "".join(shown)
 

@@ -69,7 +69,7 @@ def test_command_line_has_no_hidden_characters(words: list[str], limit: int | No
     shown = command_line(words, limit)
     assert _no_hidden(shown)
     shown.encode("utf-8")
-    total = sum(map(len, words)) + len(words) - 1
+    total = len(command_line(words))  # the whole line, uncut
     if limit is not None and "…" in shown and shown.endswith(" more characters)"):
         hidden = int(shown.rsplit("(", 1)[1].split()[0])
         assert 0 < hidden <= total

@@ -406,3 +406,22 @@ def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
     world = new_world(root, user)
     yield world
     end_world(world)
+
+
+@pytest.fixture(params=["root", "unprivileged"])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Any, Path]:
+    """(None, a folder) for root, or (the unprivileged user, a folder it owns)."""
+    if request.param == "root":
+        tmp_path.chmod(0o755)
+        return None, tmp_path
+    user = request.getfixturevalue("unprivileged")
+    return user, user.make_dir()
+
+
+def give_to(base: Path, user: Any) -> None:
+    """Everything the test prepared belongs to the user who attacks (root: nothing to do)."""
+    if user is None:
+        return
+    for dirpath, dirnames, filenames in os.walk(base):
+        for name in [*dirnames, *filenames]:
+            os.chown(os.path.join(dirpath, name), user.uid, user.gid, follow_symlinks=False)

@@ -40,15 +40,6 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
     os.chown(root, uid, gid)
 
 
-@pytest.fixture(params=["root", "unprivileged"])
-def place(request, tmp_path):  # type: ignore[no-untyped-def]
-    if request.param == "root":
-        tmp_path.chmod(0o755)
-        return None, tmp_path
-    user = request.getfixturevalue("unprivileged")
-    return user, user.make_dir()
-
-
 @pytest.mark.parametrize("race", ["exchange-exec", "rewrite-exec", "exchange-spawn"])
 @pytest.mark.parametrize("mode", MODES)
 def test_races_never_run_the_forbidden_program(place, mode: str, race: str) -> None:  # type: ignore[no-untyped-def]

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import give_to
+
 MODES = {
     "off": ["--sandbox", "off"],
     "workspace-write": ["--sandbox", "workspace-write", "--exclude-tmp", "--exclude-tmpdir"],
@@ -71,15 +73,6 @@ def _setup(base: Path, outside: Path) -> tuple[Path, Path, Path]:
     return ws, rules, forbidden
 
 
-def _give(base: Path, user) -> None:  # type: ignore[no-untyped-def]
-    """Everything the test prepared belongs to the user who attacks (root: nothing to do)."""
-    if user is None:
-        return
-    for dirpath, dirnames, filenames in os.walk(base):
-        for name in [*dirnames, *filenames]:
-            os.chown(os.path.join(dirpath, name), user.uid, user.gid, follow_symlinks=False)
-
-
 def _run(user, ws: Path, rules: Path, mode: str, script: str, base: Path):  # type: ignore[no-untyped-def]
     cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), *MODES[mode],
            "--", "bash", "-c", script]  # fmt: skip
@@ -92,16 +85,6 @@ def _run(user, ws: Path, rules: Path, mode: str, script: str, base: Path):  # ty
     return user.run(cmd, cwd=ws, env=env)
 
 
-@pytest.fixture(params=["root", "unprivileged"])
-def place(request, tmp_path):  # type: ignore[no-untyped-def]
-    if request.param == "root":
-        base = tmp_path
-        base.chmod(0o755)
-        return None, base
-    user = request.getfixturevalue("unprivileged")
-    return user, user.make_dir()
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_forged_requests_and_look_alike_names_are_never_escalated(place, mode: str) -> None:  # type: ignore[no-untyped-def]
     user, base = place
@@ -110,7 +93,7 @@ def test_forged_requests_and_look_alike_names_are_never_escalated(place, mode: s
     ws, rules, _ = _setup(base, outside)
     (ws / "forge.py").write_text(FORGER)
     shutil.copy2("/usr/bin/touch", ws / "evil")  # an ELF that is not ls
-    _give(base, user)
+    give_to(base, user)
     # a copy, a symlink and a hard link named like the allowed program
     script = (
         f"python3 forge.py {ws / 'marker'}; "
@@ -138,7 +121,7 @@ def test_interpreters_through_links_are_judged_as_the_program(place, mode: str) 
     outside.mkdir()
     ws, rules, forbidden = _setup(base, outside)
     os.link(forbidden, ws / "hard")  # a hard link under another name
-    _give(base, user)
+    give_to(base, user)
     script = (
         f"ln -s {forbidden} lnk; "
         f"printf '#!{ws}/lnk\\n' > a; printf '#!lnk\\n' > b; printf '#!{ws}/a\\n' > c; "

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import give_to
+
 WS = ["--sandbox", "workspace-write", "--exclude-tmp", "--exclude-tmpdir"]
 MODES = {"workspace-write": WS, "strict-exec": [*WS, "--strict-exec"]}
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -38,23 +40,6 @@ FORGE = textwrap.dedent(
         os.execv(os.environ["EXECGATE_WRAPPER"], ["execgate-claim", ticket.decode()])
     """
 )
-
-
-@pytest.fixture(params=["root", "unprivileged"])
-def place(request, tmp_path):  # type: ignore[no-untyped-def]
-    if request.param == "root":
-        tmp_path.chmod(0o755)
-        return None, tmp_path
-    user = request.getfixturevalue("unprivileged")
-    return user, user.make_dir()
-
-
-def _give(base: Path, user) -> None:  # type: ignore[no-untyped-def]
-    if user is None:
-        return
-    for dirpath, dirnames, filenames in os.walk(base):
-        for name in [*dirnames, *filenames]:
-            os.chown(os.path.join(dirpath, name), user.uid, user.gid, follow_symlinks=False)
 
 
 def _run(user, ws: Path, rules: Path, mode: str, script: str, base: Path):  # type: ignore[no-untyped-def]
@@ -100,7 +85,7 @@ def test_interpreter_rule_escalates_only_the_script_it_names(place, mode: str) -
     evil = ws / "evil.sh"
     evil.write_text(f"#!/bin/sh\necho escaped > {outside}/escaped\necho evil ran\n")
     evil.chmod(0o755)
-    _give(base, user)
+    give_to(base, user)
     r = _run(user, ws, rules, mode, "/usr/bin/python3 attack.py; echo alive", base)
     out = r.stdout.decode()
     assert "alive" in out, (out, r.stderr)
@@ -156,7 +141,7 @@ def test_a_gated_process_cannot_answer_its_own_prompt(place, mode: str) -> None:
     (base / "tmux").chmod(0o700)
     rules = base / "r.rules"
     rules.write_text('prefix_rule(["touch"], "prompt")\n')
-    _give(base, user)
+    give_to(base, user)
     script = f"{TMUX_KEYS} touch {outside}/approved; echo touched=$?; wait"
     options = MODES[mode]
     argv = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), *options,
@@ -182,7 +167,7 @@ def test_a_session_cannot_create_the_project_rules_folder(place, mode: str, fold
     ws, outside = base / "ws", base / "outside"
     ws.mkdir()
     outside.mkdir()
-    _give(base, user)
+    give_to(base, user)
     eg = [sys.executable, "-m", "execgate"]
     env = {"EXECGATE_HOME": str(base / "home"), "PATH": "/usr/bin:/bin", "HOME": str(base / "h"),
            "CODEX_HOME": str(base / "h" / ".codex")}  # fmt: skip
@@ -242,7 +227,7 @@ def test_claim_socket_memory_is_bounded(place, mode: str) -> None:  # type: igno
     rules = base / "r.rules"
     rules.write_text('prefix_rule(["marker"], "forbidden")\n')
     (ws / "flood.py").write_text(FLOOD)
-    _give(base, user)
+    give_to(base, user)
     options = ["--sandbox", "off"] if mode == "off" else MODES[mode]
     cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), *options,
            "--", "/usr/bin/python3", "flood.py"]  # fmt: skip
@@ -294,7 +279,7 @@ def test_the_prompt_names_the_asking_process_not_its_claims(place) -> None:  # t
     rules.write_text('prefix_rule(["touch"], "prompt")\n')
     (ws / "forge.py").write_text(FORGE)
     (ws / "prompt.py").write_text(FORGED_PROMPT)
-    _give(base, user)
+    give_to(base, user)
     sock = base / "tmux.sock"
     argv = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), "--sandbox", "off",
             "--", "/usr/bin/python3", "prompt.py"]  # fmt: skip
@@ -359,7 +344,7 @@ def test_execgate_home_stays_read_only_when_it_is_a_writable_root(place, how: st
     home, ws, outside = base / "xhome", base / "ws", base / "outside"
     for d in (home, ws, outside):
         d.mkdir()
-    _give(base, user)
+    give_to(base, user)
     env = {"EXECGATE_HOME": str(home), "PATH": "/usr/bin:/bin", "HOME": str(base / "h"),
            "CODEX_HOME": str(base / "h" / ".codex")}  # fmt: skip
     plant = (f"mkdir -p {home}/rules; "

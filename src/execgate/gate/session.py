@@ -105,7 +105,7 @@ class AuditLog:
 def log_escalations(path: Path | None = None) -> Path | None:
     """Append every escalation to ``path`` (default ``$EXECGATE_HOME/log/escalations.log``).
     Returns the file, or None when it cannot be written (the gate works regardless)."""
-    path = path or paths.execgate_home() / "log" / "escalations.log"
+    path = path or paths.log_dir() / "escalations.log"
     if any(getattr(h, "baseFilename", None) == str(path) for h in escalations.handlers):
         return path
     try:

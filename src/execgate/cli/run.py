@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from execgate.cli.options import add_gate_arguments
 from execgate.config import load_config
 from execgate.errors import ExecgateError
@@ -17,7 +19,14 @@ from execgate.gate import orphans
 from execgate.gate.askers import DenyingAsker, TerminalAsker
 from execgate.gate.escalation import Asker
 from execgate.gate.livepolicy import GatePolicy, PolicySource
-from execgate.gate.session import AuditLog, EscalationSession, SessionDenied, log_escalations
+from execgate.gate.session import (
+    AuditLog,
+    EscalationSession,
+    SessionCaller,
+    SessionConfig,
+    SessionDenied,
+    log_escalations,
+)
 from execgate.sandbox import add_sandbox_arguments, sandbox_from_args
 
 
@@ -82,14 +91,15 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
     audit = AuditLog(args.audit) if args.audit else None
     log_escalations()
     session = await EscalationSession.open(
-        live=gate.live,
-        escalation=gate.escalation,
-        asker=gate.approvals.recording(asker),
-        sandbox=sandbox,
-        gate_escalated=config.gate_escalated,
-        clean_escalated_env=config.clean_escalated_env,
-        approval_timeout=config.approval_timeout,
-        audit=audit,
+        SessionConfig(
+            live=gate.live,
+            escalation=gate.escalation,
+            sandbox=sandbox,
+            gate_escalated=config.gate_escalated,
+            clean_escalated_env=config.clean_escalated_env,
+            approval_timeout=config.approval_timeout,
+        ),
+        SessionCaller(gate.approvals.recording(asker), audit=audit),
     )
     try:
         try:
@@ -99,13 +109,16 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
         except SessionDenied as denied:
             print(denied.message, file=sys.stderr)
             return 126 << 8
-        waiting = asyncio.ensure_future(process.wait())
-        stopping = asyncio.ensure_future(ended.wait())
-        await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if waiting.done():
-            stopping.cancel()
-            return waiting.result()
-        waiting.cancel()
-        return signal.SIGTERM  # a wait status: killed by SIGTERM
+        status: int = signal.SIGTERM  # a wait status: killed by SIGTERM, unless it exits
+        async with anyio.create_task_group() as tasks:
+
+            async def stop_on_signal() -> None:
+                await ended.wait()
+                tasks.cancel_scope.cancel()
+
+            tasks.start_soon(stop_on_signal)
+            status = await process.wait()
+            tasks.cancel_scope.cancel()
+        return status
     finally:
         await session.aclose()

@@ -15,19 +15,18 @@ Each tool call is a :class:`~execgate.mcp_front.calls.ShellCall` with its own
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
 import secrets
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
@@ -42,7 +41,7 @@ from execgate.config import Config
 from execgate.errors import ExecgateError
 from execgate.gate.escalation import Asker
 from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
-from execgate.gate.session import SessionReserve, log_escalations
+from execgate.gate.session import SessionConfig, SessionReserve, log_escalations
 from execgate.mcp_front.calls import CallSetup, ProgressPump, ShellCall
 from execgate.mcp_front.control import ControlServer
 from execgate.mcp_front.elicitation import (
@@ -149,7 +148,7 @@ class _RawParams(types.RequestParams):
 @dataclass
 class _Parked:
     call: ShellCall
-    expiry: asyncio.TimerHandle
+    expiry: anyio.CancelScope  # cancelled when the client comes back
 
 
 @dataclass(frozen=True)
@@ -178,7 +177,7 @@ class McpFrontEnd:
         # A parked call (2026-07-28 flow) whose client never comes back is stopped after this.
         self.abandon_after = 2 * options.approval_timeout
         self._started = time.time()
-        self._background: set[asyncio.Future[None]] = set()
+        self._tasks: anyio.abc.TaskGroup | None = None  # calls and timers; serve_stdio's
         self.server: Server[Any] = Server(
             SERVER_NAME,
             version=__version__,
@@ -200,26 +199,34 @@ class McpFrontEnd:
 
     # -- serving ----------------------------------------------------------------------------
 
+    @property
+    def tasks(self) -> anyio.abc.TaskGroup:
+        assert self._tasks is not None, "not serving"
+        return self._tasks
+
     async def serve_stdio(self) -> None:
         await self.control.start()
-        watcher = asyncio.ensure_future(self.state.reloader.run())
         try:
-            async with stdio_server() as (read_stream, write_stream):
-                await self.server.run(
-                    AnsweringMalformed(read_stream, write_stream),
-                    write_stream,
-                    self.server.create_initialization_options(
-                        experimental_capabilities=SANDBOX_STATE_CAPABILITY
-                    ),
-                )
+            async with self.sessions.running(), anyio.create_task_group() as tasks:
+                self._tasks = tasks
+                tasks.start_soon(self.state.reloader.run)
+                try:
+                    async with stdio_server() as (read_stream, write_stream):
+                        await self.server.run(
+                            AnsweringMalformed(read_stream, write_stream),
+                            write_stream,
+                            self.server.create_initialization_options(
+                                experimental_capabilities=SANDBOX_STATE_CAPABILITY
+                            ),
+                        )
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self.aclose()
+                    tasks.cancel_scope.cancel()
         except* (BrokenPipeError, ConnectionResetError):
             # The client went away while we still had something to say (an elicitation, a
             # result): the end of the connection, not an error.
             log.info("the MCP client is gone")
-        finally:
-            watcher.cancel()
-            with anyio.CancelScope(shield=True):
-                await self.aclose()
 
     async def aclose(self) -> None:
         """Stop every call (killing what they started) and close the control socket."""
@@ -229,7 +236,9 @@ class McpFrontEnd:
         calls = list(self.calls)
         if calls:
             log.info("stopping %d running tool call(s)", len(calls))
-        await asyncio.gather(*(call.abort() for call in calls), return_exceptions=True)
+        async with anyio.create_task_group() as stopping:
+            for call in calls:
+                stopping.start_soon(call.abort)
         self.calls.clear()
         await self.sessions.aclose()
         await self.control.aclose()
@@ -291,15 +300,8 @@ class McpFrontEnd:
         except ExecgateError as exc:
             return error_result(f"shell: cannot set up the sandbox: {exc}")
         setup = CallSetup(
-            live=self.state.gate.live,
-            escalation=self.state.gate.escalation,
-            sandbox=sandbox,
+            session=self._session_config(sandbox),
             shell=self.options.shell,
-            base_env=dict(os.environ),
-            gate_escalated=self.options.config.gate_escalated,
-            clean_escalated_env=self.options.config.clean_escalated_env,
-            # The registry times questions out; the session's own limit is only a backstop.
-            approval_timeout=self.options.approval_timeout + 10,
             audit_path=self.options.audit,
             reserve=self.sessions,
         )
@@ -319,7 +321,7 @@ class McpFrontEnd:
             sandbox.describe() if sandbox else "off",
         )
         self.calls.add(call)
-        call.start(asker)
+        call.start(self.tasks, asker)
         return await self._drive(ctx, call)
 
     # -- a call's life across requests ----------------------------------------------------------
@@ -371,7 +373,6 @@ class McpFrontEnd:
         cancelled (stop it)."""
         token = (ctx.meta or {}).get("progress_token")
         pump: ProgressPump | None = None
-        unlisten: Callable[[], None] | None = None
         if token is not None:
 
             async def send(progress: float, message: str | None) -> None:
@@ -385,16 +386,23 @@ class McpFrontEnd:
                 )
 
             pump = ProgressPump(send)
-            unlisten = call.listen(pump.feed)
-            pump.start()
+        async with contextlib.AsyncExitStack() as stack:
+            if pump is not None:
+                await stack.enter_async_context(pump.streaming())
+                stack.callback(call.listen(pump.feed))
+            return await self._follow(call, pump)
+        raise AssertionError("unreachable")  # mypy: the exit stack does not swallow
+
+    async def _follow(
+        self, call: ShellCall, pump: ProgressPump | None
+    ) -> types.CallToolResult | types.InputRequiredResult:
         parked = False
         try:
             while True:
                 call.changed.clear()
                 if call.finished:
                     if pump is not None:
-                        await pump.stop(flush=True)
-                        pump = None
+                        await pump.finish()
                     self.calls.discard(call)
                     if call.error is not None or call.outcome is None:
                         return error_result(f"shell: {call.error or 'the command did not run'}")
@@ -414,18 +422,12 @@ class McpFrontEnd:
                     await call.abort()
                 self.calls.discard(call)
             raise
-        finally:
-            if unlisten is not None:
-                unlisten()
-            if pump is not None:
-                with anyio.CancelScope(shield=True):
-                    await pump.stop(flush=False)
 
     def _park(self, call: ShellCall) -> str:
         token = secrets.token_urlsafe(24)
-        loop = asyncio.get_running_loop()
-        expiry = loop.call_later(self.abandon_after, self._abandon, token)
+        expiry = anyio.CancelScope()
         self.parked[token] = _Parked(call, expiry)
+        self.tasks.start_soon(self._abandon_later, token, expiry)
         log.info("tool call %d waits for the client to answer its approval request(s)", call.id)
         return token
 
@@ -436,7 +438,11 @@ class McpFrontEnd:
         parked.expiry.cancel()
         return parked.call
 
-    def _abandon(self, token: str) -> None:
+    async def _abandon_later(self, token: str, expiry: anyio.CancelScope) -> None:
+        with expiry:
+            await anyio.sleep(self.abandon_after)
+        if expiry.cancelled_caught:
+            return
         parked = self.parked.pop(token, None)
         if parked is None:
             return
@@ -446,14 +452,21 @@ class McpFrontEnd:
             call.id,
             self.abandon_after,
         )
+        await call.abort()
+        self.calls.discard(call)
 
-        async def stop() -> None:
-            await call.abort()
-            self.calls.discard(call)
-
-        task = asyncio.ensure_future(stop())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    def _session_config(self, sandbox: SandboxSpec | None) -> SessionConfig:
+        return SessionConfig(
+            live=self.state.gate.live,
+            escalation=self.state.gate.escalation,
+            sandbox=sandbox,
+            base_env=os.environ,
+            gate_escalated=self.options.config.gate_escalated,
+            clean_escalated_env=self.options.config.clean_escalated_env,
+            # The registry times questions out; the session's own limit is only a backstop.
+            approval_timeout=self.options.approval_timeout + 10,
+            new_process_session=True,
+        )
 
     def _sandbox_for(self, ctx: Context) -> SandboxSpec:
         """The call's sandbox: the client's Codex sandbox state (per call in ``_meta``, or the
@@ -486,28 +499,18 @@ async def serve(options: McpOptions) -> None:
     state = PolicyState(options)
     log_escalations()
     front = McpFrontEnd(options, state)
-    loop = asyncio.get_running_loop()
-    main = asyncio.current_task()
-    assert main is not None
-    stopping = False
-    finishing: list[asyncio.Future[None]] = []
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(_stop_on_signals, front)
+        await front.serve_stdio()
+        tasks.cancel_scope.cancel()
 
-    def stop(signum: int) -> None:
-        nonlocal stopping
-        if stopping:
-            return
-        stopping = True
-        log.info("%s: stopping", signal.Signals(signum).name)
 
-        async def finish() -> None:
+async def _stop_on_signals(front: McpFrontEnd) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("%s: stopping", signal.Signals(signum).name)
             # The stdio reader thread may sit in a blocking read of stdin, which cannot be
             # interrupted: clean up here, then leave without waiting for it.
-            with contextlib.suppress(Exception):
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await front.aclose()
             os._exit(128 + signum)
-
-        finishing.append(asyncio.ensure_future(finish()))
-
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        loop.add_signal_handler(signum, stop, signum)
-    await front.serve_stdio()

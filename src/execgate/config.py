@@ -42,6 +42,29 @@ class Config:
     # (gate/cleanenv.py): names, or prefixes written NAME*.
     clean_escalated_env: tuple[str, ...] = ()
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    # The tools `execgate mcp` offers (see MCP_TOOLS).
+    tools: tuple[str, ...] = ("shell",)
+
+
+#: Tools `execgate mcp` can offer: the one-shot shell, and unified exec's pair.
+MCP_TOOLS = ("shell", "exec_command", "write_stdin")
+
+
+def check_tools(names: tuple[str, ...], where: str) -> tuple[str, ...]:
+    """``names`` without repeats; "unified" stands for exec_command and write_stdin.
+    :class:`ExecgateError` for an unknown name or an empty list."""
+    expanded: list[str] = []
+    for name in names:
+        for one in ("exec_command", "write_stdin") if name == "unified" else (name,):
+            if one not in MCP_TOOLS:
+                raise ExecgateError(
+                    f"{where}: unknown tool {one!r} (known: {', '.join(MCP_TOOLS)}, unified)"
+                )
+            if one not in expanded:
+                expanded.append(one)
+    if not expanded:
+        raise ExecgateError(f"{where}: name at least one tool")
+    return tuple(expanded)
 
 
 _TOML_NAMES = {dict: "table", list: "array", str: "string", bool: "boolean", int: "integer",
@@ -113,6 +136,7 @@ def load_config(path: Path | None = None) -> Config:
         "approval_timeout",
         "clean_escalated_env",
         "sandbox",
+        "tools",
     }
     for key in data:
         if key not in known:
@@ -134,4 +158,7 @@ def load_config(path: Path | None = None) -> Config:
         approval_timeout=float(timeout),
         clean_escalated_env=clean,
         sandbox=_sandbox(path, _check(path, "sandbox", data.get("sandbox", {}), dict)),
+        tools=check_tools(
+            _strings(path, "tools", data.get("tools", ["shell"])), f"{path}: `tools`"
+        ),
     )

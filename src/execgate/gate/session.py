@@ -223,6 +223,9 @@ class SessionConfig:
     #: any terminal (the MCP server); otherwise it stays in ours.
     new_process_session: bool = False
     clean_escalated_env: tuple[str, ...] = ()
+    #: A terminal (PTY follower) the launcher makes its controlling terminal (needs
+    #: ``new_process_session``): the main program, started with ``pgid=0``, gets it.
+    terminal: int | None = None
 
     def __post_init__(self) -> None:
         if self.base_env is not None:
@@ -241,6 +244,7 @@ class SessionConfig:
             self.approval_timeout,
             self.new_process_session,
             self.clean_escalated_env,
+            self.terminal,
         )
 
 
@@ -315,6 +319,7 @@ class EscalationSession:
                 spec,
                 new_session=new_process_session,
                 claim_path=session.claim_path,
+                terminal=config.terminal,
             )
         except BaseException:
             await session.aclose()

@@ -42,6 +42,7 @@ from execgate.errors import ExecgateError
 from execgate.gate.escalation import Asker
 from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
 from execgate.gate.session import SessionConfig, SessionReserve, log_escalations
+from execgate.mcp_front import unified_tool
 from execgate.mcp_front.calls import CallSetup, ProgressPump, ShellCall
 from execgate.mcp_front.control import ControlServer
 from execgate.mcp_front.elicitation import (
@@ -64,6 +65,7 @@ from execgate.mcp_front.tool import (
     tool_definition,
     tool_result,
 )
+from execgate.mcp_front.unified import ProcessStore, UnifiedError, UnifiedProcess
 from execgate.sandbox import SandboxSpec, spec_from_codex_policy
 from execgate.sandbox.codex import CodexPolicyError
 
@@ -103,6 +105,7 @@ class McpOptions:
     elicitation: str = "auto"
     reload_interval: float = 1.0
     cwd: Path = field(default_factory=Path.cwd)
+    tools: tuple[str, ...] = ("shell",)  # which of config.MCP_TOOLS to offer
 
 
 # -- the policy and what follows from it ---------------------------------------------------------
@@ -172,6 +175,7 @@ class McpFrontEnd:
         self.registry = ApprovalRegistry(options.approval_timeout)
         self.control = ControlServer(self.registry, self._info)
         self.calls: set[ShellCall] = set()
+        self.processes = ProcessStore()  # unified exec
         self.parked: dict[str, _Parked] = {}
         self.codex_sandbox: _CodexSandbox | None = None
         # A parked call (2026-07-28 flow) whose client never comes back is stopped after this.
@@ -237,6 +241,7 @@ class McpFrontEnd:
         if calls:
             log.info("stopping %d running tool call(s)", len(calls))
         async with anyio.create_task_group() as stopping:
+            stopping.start_soon(self.processes.aclose)
             for call in calls:
                 stopping.start_soon(call.abort)
         self.calls.clear()
@@ -248,7 +253,8 @@ class McpFrontEnd:
     async def _list_tools(
         self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[tool_definition()])
+        offered = [tool_definition(), *unified_tool.tool_definitions()]
+        return types.ListToolsResult(tools=[t for t in offered if t.name in self.options.tools])
 
     async def _sandbox_state(self, ctx: Context, params: _RawParams) -> dict[str, Any]:
         raw = dict(params.model_extra or {})
@@ -277,8 +283,13 @@ class McpFrontEnd:
     async def _call_tool(
         self, ctx: Context, params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
-        if params.name != TOOL_NAME:
+        if params.name not in self.options.tools:
             raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name}")
+        if params.name == unified_tool.EXEC_TOOL:
+            return await self._exec_command(ctx, params)
+        if params.name == unified_tool.WRITE_TOOL:
+            return await self._write_stdin(ctx, params)
+        assert params.name == TOOL_NAME
         if params.request_state is not None:
             call = self._resume(params.request_state)
             if call is None:
@@ -323,6 +334,92 @@ class McpFrontEnd:
         self.calls.add(call)
         call.start(self.tasks, asker)
         return await self._drive(ctx, call)
+
+    # -- unified exec ------------------------------------------------------------------------
+
+    async def _exec_command(
+        self, ctx: Context, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        name = unified_tool.EXEC_TOOL
+        await self.state.reloader.check()
+        try:
+            args = unified_tool.parse_exec_arguments(
+                params.arguments,
+                default_workdir=str(self.options.cwd),
+                default_shell=self.options.shell,
+            )
+            sandbox = self._sandbox_for(ctx)
+            await self.processes.make_room()
+        except (ToolArgumentError, UnifiedError) as exc:
+            return error_result(f"{name}: {exc}")
+        except ExecgateError as exc:
+            return error_result(f"{name}: cannot set up the sandbox: {exc}")
+        setup = CallSetup(
+            session=self._session_config(sandbox),
+            shell=args.shell,
+            audit_path=self.options.audit,
+            reserve=self.sessions,
+        )
+        process = UnifiedProcess(setup, args)
+        process.context = ctx
+        asker: Asker = CallAsker(
+            self.registry,
+            CallInfo(process.id, args.cmd, args.workdir),
+            self._unified_channel(ctx, process),
+            process.audit,
+        )
+        asker = self.state.gate.approvals.recording(asker)
+        log.info(
+            "unified exec %d: %s in %s (%s, yield %d ms, sandbox %s)",
+            process.id,
+            args.cmd if len(args.cmd) < 200 else args.cmd[:200] + "…",
+            args.workdir,
+            "tty" if args.tty else "pipes",
+            args.yield_ms,
+            sandbox.describe() if sandbox else "off",
+        )
+        self.processes.add(process)
+        process.start(self.tasks, asker)
+        return await self._interact(name, process, "", args.yield_ms, args.max_output_tokens)
+
+    async def _write_stdin(
+        self, ctx: Context, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        name = unified_tool.WRITE_TOOL
+        try:
+            args = unified_tool.parse_write_arguments(params.arguments)
+            process = self.processes.get(args.session_id)
+        except (ToolArgumentError, UnifiedError) as exc:
+            return error_result(f"{name}: {exc}")
+        process.context = ctx
+        return await self._interact(
+            name, process, args.chars, args.yield_ms, args.max_output_tokens
+        )
+
+    async def _interact(
+        self, name: str, process: UnifiedProcess, chars: str, yield_ms: int, max_tokens: int
+    ) -> types.CallToolResult:
+        result = await process.interact(chars, yield_ms, max_tokens)
+        if result.exit_code is None:
+            return unified_tool.exec_result(result)
+        self.processes.forget(process)  # its exit is reported: the session id ends here
+        if process.error is not None:
+            return error_result(f"{name}: {process.error}")
+        return unified_tool.exec_result(result)
+
+    def _unified_channel(self, ctx: Context, process: UnifiedProcess) -> Channel:
+        """Questions of a unified process go to the client of the request that last
+        interacted with it (mid-call elicitation), else to `execgate approvals`."""
+        if not self._elicits(ctx) or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return NoElicitation(None)
+
+        async def elicit(message: str, schema: dict[str, Any]) -> types.ElicitResult:
+            latest: Context = process.context
+            return await latest.session.elicit_form(
+                message, schema, related_request_id=latest.request_id
+            )
+
+        return MidCallElicitation(elicit)
 
     # -- a call's life across requests ----------------------------------------------------------
 

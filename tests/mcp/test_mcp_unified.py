@@ -1,0 +1,269 @@
+"""Unified exec (``exec_command`` / ``write_stdin``) end to end: the real ``execgate mcp`` driven
+by the SDK's client over stdio."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.client.client import Client
+from mcpharness import WS, Elicitations, Mcp, accept, error_text
+
+UNIFIED = ("--tools", "shell,unified")
+
+
+def _allow_the_sleeper(mcp: Mcp) -> None:
+    mcp.write_rules(
+        f'host_executable(name="{mcp.sleeper}", paths=["{mcp.bin / mcp.sleeper}"])\n'
+        f'prefix_rule(["{mcp.sleeper}"], "allow")\n'
+        'prefix_rule(["askme"], "prompt", justification="askme needs a human")\n'
+    )
+
+
+def result_of(result: types.CallToolResult) -> dict[str, Any]:
+    assert not result.is_error, result.content
+    structured = result.structured_content
+    assert isinstance(structured, dict)
+    text = result.content[0]
+    assert isinstance(text, types.TextContent)
+    assert text.text.splitlines()[0].startswith("Wall time: ")
+    return structured
+
+
+async def exec_command(client: Client, mcp: Mcp, cmd: str, **extra: Any) -> dict[str, Any]:
+    arguments = {"cmd": cmd, "workdir": str(mcp.work), "login": False, **extra}
+    return result_of(await client.call_tool("exec_command", arguments))
+
+
+async def write_stdin(client: Client, session_id: int, chars: str, **extra: Any) -> dict[str, Any]:
+    arguments = {"session_id": session_id, "chars": chars, **extra}
+    return result_of(await client.call_tool("write_stdin", arguments))
+
+
+async def until(client: Client, first: dict[str, Any], pattern: str, chars: str = "") -> str:
+    """Output of ``first`` and further writes/polls until ``pattern`` shows (bounded)."""
+    seen = first["output"]
+    for _ in range(20):
+        if re.search(pattern, seen) or "exit_code" in first:
+            break
+        first = await write_stdin(client, first["session_id"], chars, yield_time_ms=500)
+        chars = ""
+        seen += first["output"]
+    return str(seen)
+
+
+def test_tools_are_offered_only_when_asked_for(mcp: Mcp) -> None:
+    async def scenario() -> None:
+        async with mcp.client() as client:
+            assert [t.name for t in (await client.list_tools()).tools] == ["shell"]
+        async with mcp.client(*UNIFIED) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert list(tools) == ["shell", "exec_command", "write_stdin"]
+            assert tools["exec_command"].input_schema["required"] == ["cmd"]
+            assert set(tools["write_stdin"].input_schema["properties"]) >= {
+                "session_id",
+                "chars",
+                "yield_time_ms",
+                "max_output_tokens",
+            }
+
+    asyncio.run(scenario())
+
+
+def test_long_exec_polled_written_and_exited_with_pipes(mcp: Mcp) -> None:
+    async def scenario() -> None:
+        async with mcp.client(*UNIFIED, *WS) as client:
+            env = await exec_command(
+                client,
+                mcp,
+                "echo PAGER=$PAGER NO_COLOR=$NO_COLOR TERM=$TERM; [ -t 0 ] || echo pipe",
+            )
+            assert env["exit_code"] == 0 and "session_id" not in env
+            assert "PAGER=cat NO_COLOR=1 TERM=dumb" in env["output"] and "pipe" in env["output"]
+            script = "echo ready; read line; echo got:$line; read again; echo bye:$again; exit 3"
+            first = await exec_command(client, mcp, script, yield_time_ms=300)
+            sid = first["session_id"]
+            assert "exit_code" not in first
+            assert "ready" in await until(client, first, "ready")
+            second = await write_stdin(client, sid, "hello\n", yield_time_ms=1000)
+            assert "got:hello" in await until(client, second, "got:hello")
+            last = await write_stdin(client, sid, "world\n", yield_time_ms=5000)
+            assert last["exit_code"] == 3 and "bye:world" in last["output"]
+            gone = await client.call_tool("write_stdin", {"session_id": sid, "chars": ""})
+            assert f"no unified exec session {sid}" in error_text(gone)
+            # the model cannot confuse it with a denial: a denied program says so
+            denied = await exec_command(client, mcp, "marker; echo status $?")
+            assert "execgate: denied: marker" in denied["output"]
+            assert "status 126" in denied["output"]
+
+    asyncio.run(scenario())
+
+
+def test_python_bash_password_and_ctrl_c_on_a_pty(mcp: Mcp) -> None:
+    async def scenario() -> None:
+        async with mcp.client(*UNIFIED, *WS) as client:
+            py = await exec_command(client, mcp, "python3 -q -i", tty=True, yield_time_ms=1500)
+            sid = py["session_id"]
+            assert ">>>" in await until(client, py, ">>>")
+            out = await write_stdin(client, sid, "print(6 * 7)\n", yield_time_ms=1000)
+            assert "42" in await until(client, out, "42")
+            out = await write_stdin(client, sid, "import time; time.sleep(30)\n")
+            out = await write_stdin(client, sid, "\u0003", yield_time_ms=1000)
+            assert "KeyboardInterrupt" in await until(client, out, "KeyboardInterrupt")
+            out = await write_stdin(
+                client, sid, "import os, sys; sys.exit(5)\n", yield_time_ms=5000
+            )
+            while "exit_code" not in out:
+                out = await write_stdin(client, sid, "")
+            assert out["exit_code"] == 5
+
+            script = (
+                "[ -t 0 ] && echo tty; read -s -p 'Password: ' pw </dev/tty; echo; "
+                'echo "length ${#pw}"; while read l; do echo "line:$l"; done'
+            )
+            sh = await exec_command(client, mcp, script, tty=True, yield_time_ms=1000)
+            sid = sh["session_id"]
+            assert "Password:" in await until(client, sh, "Password:")
+            out = await write_stdin(client, sid, "secret\n", yield_time_ms=1000)
+            seen = await until(client, out, "length 6")
+            assert "length 6" in seen and "secret" not in seen  # not echoed
+            out = await write_stdin(client, sid, "one\n", yield_time_ms=1000)
+            assert "line:one" in await until(client, out, "line:one")
+            out = await write_stdin(client, sid, "\u0004", yield_time_ms=5000)  # EOF
+            while "exit_code" not in out:
+                out = await write_stdin(client, sid, "")
+            assert out["exit_code"] == 0
+
+    asyncio.run(scenario())
+
+
+def test_prompts_answered_slower_than_the_yield_time(mcp: Mcp) -> None:
+    async def slowly(answer: types.ElicitResult) -> Any:
+        async def later() -> types.ElicitResult:
+            await anyio.sleep(1.5)  # far beyond yield_time_ms
+            return answer
+
+        return later
+
+    async def scenario() -> None:
+        answers = Elicitations([await slowly(accept("once")), await slowly(accept(None))])
+        answers.answers[1] = await slowly(types.ElicitResult(action="decline"))
+        async with mcp.client(*UNIFIED, *WS, elicit=answers) as client:
+            ok = await exec_command(client, mcp, "askme one; echo after", yield_time_ms=250)
+            assert ok.get("exit_code") == 0, ok
+            assert "askme ran:one" in ok["output"] and "after" in ok["output"]
+            no = await exec_command(client, mcp, "askme two; echo after $?", yield_time_ms=250)
+            assert no.get("exit_code") == 0, no
+            assert "execgate: denied: askme two" in no["output"] and "after 126" in no["output"]
+        assert len(answers.asked) == 2
+
+    asyncio.run(scenario())
+
+
+def _holders(inode: str) -> set[int]:
+    found = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
+                        found.add(int(pid))
+    return found
+
+
+def _socket_inode(path: str) -> str:
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[7] == path:
+            return fields[6]
+    raise AssertionError(f"no socket {path}")
+
+
+def test_everything_ends_on_disconnect_and_on_stop_and_sockets_stay_home(mcp: Mcp) -> None:
+    _allow_the_sleeper(mcp)
+    # an escalated sleeper and a sandboxed napper, on pipes and on a PTY
+    script = f"echo $EXECGATE_SOCKET; {mcp.sleeper} 1000 & {mcp.napper} 1000 & wait"
+
+    async def start_both(client: Client) -> list[str]:
+        sockets = []
+        for tty in (False, True):
+            first = await exec_command(client, mcp, script, tty=tty, yield_time_ms=500)
+            seen = await until(client, first, r"gate\.sock")
+            sockets.append(re.search(r"(\S+gate\.sock)", seen).group(1))  # type: ignore[union-attr]
+        return sockets
+
+    async def scenario() -> None:
+        async with mcp.client(*UNIFIED, *WS) as client:
+            sockets = await start_both(client)
+            mcp.wait_for(lambda: len(mcp.leftovers()) >= 4, "the sleepers")
+            # each gate socket is held by the server alone: no launcher, no process of the
+            # other session, nothing unrelated
+            holders = [_holders(_socket_inode(s)) for s in sockets]
+            assert all(len(h) == 1 for h in holders), holders
+            assert holders[0] == holders[1]
+            (server,) = holders[0]
+            assert "execgate" in Path(f"/proc/{server}/cmdline").read_text()
+        await asyncio.to_thread(mcp.wait_for, lambda: not mcp.leftovers(), "the disconnect")
+
+        with contextlib.suppress(Exception):
+            async with mcp.client(*UNIFIED, *WS) as client:
+                await start_both(client)
+                mcp.wait_for(lambda: len(mcp.leftovers()) >= 4, "the sleepers")
+                listing = json.loads(
+                    (await asyncio.to_thread(mcp.approvals, "list", "--json")).stdout
+                )
+                [server] = listing["servers"]
+                os.kill(server["pid"], signal.SIGTERM)
+                await asyncio.to_thread(mcp.wait_for, lambda: not mcp.leftovers(), "the stop")
+
+    asyncio.run(scenario())
+
+
+def test_eviction_at_64_protects_the_recent_and_prefers_the_exited(mcp: Mcp) -> None:
+    live = f"exec {mcp.napper} 1000"
+
+    async def scenario() -> None:
+        async with mcp.client(*UNIFIED, *WS) as client:
+            oldest = (await exec_command(client, mcp, live, yield_time_ms=250))["session_id"]
+            short = await exec_command(client, mcp, f"{mcp.napper} 0.5", yield_time_ms=250)
+            exited_unread = short["session_id"]
+            started: list[int] = []
+
+            async def one() -> None:
+                started.append(
+                    (await exec_command(client, mcp, live, yield_time_ms=250))["session_id"]
+                )
+
+            async with anyio.create_task_group() as tasks:
+                for _ in range(62):
+                    tasks.start_soon(one)
+            started.sort()
+            # the oldest is used again: one of the 8 most recent, so protected
+            await write_stdin(client, oldest, "x", yield_time_ms=250)
+            await anyio.sleep(0.6)  # `short` has exited by now (its exit is not read)
+            # full: the exited one goes first
+            await exec_command(client, mcp, live, yield_time_ms=250)
+            gone = await client.call_tool(
+                "write_stdin", {"session_id": exited_unread, "chars": "x"}
+            )
+            assert "no unified exec session" in error_text(gone)
+            # then the least recently used live one, which is terminated
+            await exec_command(client, mcp, live, yield_time_ms=250)
+            gone = await client.call_tool("write_stdin", {"session_id": started[0], "chars": "x"})
+            assert "no unified exec session" in error_text(gone)
+            still = await write_stdin(client, oldest, "x", yield_time_ms=250)
+            assert still["session_id"] == oldest
+            assert len(mcp.leftovers()) == 64
+        await asyncio.to_thread(mcp.wait_for, lambda: not mcp.leftovers(), "the disconnect")
+
+    asyncio.run(scenario())

@@ -150,6 +150,8 @@ class ApprovalRequest:
     # The prefix an "allow for this session" / "always" answer would approve.
     prefix: tuple[str, ...]
     offer_always: bool
+    # Set for a request that is not an exec's (an MCP permission request): what is asked.
+    purpose: str = ""
 
     def summary(self) -> str:
         why = self.judgement.justification() or "requires approval by policy"

@@ -16,6 +16,7 @@ Each tool call is a :class:`~execgate.mcp_front.calls.ShellCall` with its own
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import secrets
@@ -39,10 +40,22 @@ from pydantic import ConfigDict
 from execgate import __version__
 from execgate.config import Config
 from execgate.errors import ExecgateError
-from execgate.gate.escalation import Asker
+from execgate.gate.escalation import (
+    Answer,
+    Approval,
+    ApprovalRequest,
+    Asker,
+    Judgement,
+)
 from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
-from execgate.gate.session import SessionConfig, SessionReserve, log_escalations
-from execgate.mcp_front import unified_tool
+from execgate.gate.session import (
+    AuditLog,
+    SessionConfig,
+    SessionReserve,
+    describe_exec,
+    log_escalations,
+)
+from execgate.mcp_front import permissions, unified_tool
 from execgate.mcp_front.calls import CallSetup, ProgressPump, ShellCall
 from execgate.mcp_front.control import ControlServer
 from execgate.mcp_front.elicitation import (
@@ -59,6 +72,7 @@ from execgate.mcp_front.malformed import AnsweringMalformed
 from execgate.mcp_front.reload import Loaded, PolicyReloader
 from execgate.mcp_front.tool import (
     TOOL_NAME,
+    ShellOutcome,
     ToolArgumentError,
     error_result,
     parse_arguments,
@@ -66,8 +80,10 @@ from execgate.mcp_front.tool import (
     tool_result,
 )
 from execgate.mcp_front.unified import ProcessStore, UnifiedError, UnifiedProcess
+from execgate.policy import Decision
 from execgate.sandbox import SandboxSpec, spec_from_codex_policy
 from execgate.sandbox.codex import CodexPolicyError
+from execgate.visible import visible
 
 log = logging.getLogger("execgate.mcp")
 
@@ -176,6 +192,9 @@ class McpFrontEnd:
         self.control = ControlServer(self.registry, self._info)
         self.calls: set[ShellCall] = set()
         self.processes = ProcessStore()  # unified exec
+        self._permission_ids = itertools.count(1)
+        #: Permission requests approved "for this session" (PermissionRequest.session_key).
+        self._granted: set[tuple[object, ...]] = set()
         self.parked: dict[str, _Parked] = {}
         self.codex_sandbox: _CodexSandbox | None = None
         # A parked call (2026-07-28 flow) whose client never comes back is stopped after this.
@@ -253,7 +272,8 @@ class McpFrontEnd:
     async def _list_tools(
         self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        offered = [tool_definition(), *unified_tool.tool_definitions()]
+        extra = permissions.SCHEMA_PROPERTIES
+        offered = [tool_definition(extra), *unified_tool.tool_definitions(extra)]
         return types.ListToolsResult(tools=[t for t in offered if t.name in self.options.tools])
 
     async def _sandbox_state(self, ctx: Context, params: _RawParams) -> dict[str, Any]:
@@ -310,8 +330,20 @@ class McpFrontEnd:
             sandbox = self._sandbox_for(ctx)
         except ExecgateError as exc:
             return error_result(f"shell: cannot set up the sandbox: {exc}")
+        started = time.monotonic()
+        argv = [self.options.shell, "-lc" if args.login else "-c", args.command]
+        try:
+            allowed, denial = await self._permitted(ctx, params, argv, args.workdir, sandbox)
+        except ToolArgumentError as exc:
+            return error_result(f"shell: {exc}")
+        except ExecgateError as exc:
+            return error_result(f"shell: cannot run the command: {exc}")
+        if denial is not None:
+            return tool_result(
+                ShellOutcome(126, denial + "\n", time.monotonic() - started, timed_out=False)
+            )
         setup = CallSetup(
-            session=self._session_config(sandbox),
+            session=self._session_config(allowed),
             shell=self.options.shell,
             audit_path=self.options.audit,
             reserve=self.sessions,
@@ -329,7 +361,7 @@ class McpFrontEnd:
             args.workdir,
             args.timeout_ms,
             "login shell" if args.login else "non-login shell",
-            sandbox.describe() if sandbox else "off",
+            allowed.describe() if allowed else "off",
         )
         self.calls.add(call)
         call.start(self.tasks, asker)
@@ -349,13 +381,31 @@ class McpFrontEnd:
                 default_shell=self.options.shell,
             )
             sandbox = self._sandbox_for(ctx)
+        except ToolArgumentError as exc:
+            return error_result(f"{name}: {exc}")
+        except ExecgateError as exc:
+            return error_result(f"{name}: cannot set up the sandbox: {exc}")
+        started = time.monotonic()
+        try:
+            allowed, denial = await self._permitted(ctx, params, args.argv, args.workdir, sandbox)
             await self.processes.make_room()
         except (ToolArgumentError, UnifiedError) as exc:
             return error_result(f"{name}: {exc}")
         except ExecgateError as exc:
-            return error_result(f"{name}: cannot set up the sandbox: {exc}")
+            return error_result(f"{name}: cannot run the command: {exc}")
+        if denial is not None:
+            text = denial + "\n"
+            return unified_tool.exec_result(
+                unified_tool.ExecOutput(
+                    output=text,
+                    wall_time=time.monotonic() - started,
+                    exit_code=126,
+                    session_id=None,
+                    original_tokens=len(text) // unified_tool.BYTES_PER_TOKEN,
+                )
+            )
         setup = CallSetup(
-            session=self._session_config(sandbox),
+            session=self._session_config(allowed),
             shell=args.shell,
             audit_path=self.options.audit,
             reserve=self.sessions,
@@ -376,7 +426,7 @@ class McpFrontEnd:
             args.workdir,
             "tty" if args.tty else "pipes",
             args.yield_ms,
-            sandbox.describe() if sandbox else "off",
+            allowed.describe() if allowed else "off",
         )
         self.processes.add(process)
         process.start(self.tasks, asker)
@@ -406,6 +456,91 @@ class McpFrontEnd:
         if process.error is not None:
             return error_result(f"{name}: {process.error}")
         return unified_tool.exec_result(result)
+
+    # -- permission requests -------------------------------------------------------------------
+
+    async def _permitted(
+        self,
+        ctx: Context,
+        params: types.CallToolRequestParams,
+        argv: list[str],
+        workdir: str,
+        sandbox: SandboxSpec,
+    ) -> tuple[SandboxSpec | None, str | None]:
+        """The call's permission request, if any, put to the human: the sandbox the call runs
+        in, or the denial line when it may not run. ``ToolArgumentError``: a malformed or
+        refused request (a banned ``prefix_rule``)."""
+        command = argv[-1]
+        request = permissions.parse_permissions(params.arguments, command, workdir=workdir)
+        if request is None:
+            return sandbox, None
+        exec_ = describe_exec(argv[0], argv, cwd=workdir, via="permission request")
+        judgement = Judgement(Decision.PROMPT, list(argv), None)
+        question = ApprovalRequest(
+            id=f"p{next(self._permission_ids)}",
+            exec=exec_,
+            judgement=judgement,
+            prefix=request.prefix_rule,
+            offer_always=bool(request.prefix_rule)
+            and self.state.gate.approvals.can_record(judgement),
+            purpose=request.purpose(),
+        )
+        log.info("%s: permission request: %s", params.name, question.purpose)
+        key = request.session_key(command)
+        audit = AuditLog(self.options.audit) if self.options.audit else None
+        try:
+            if self.options.on_prompt_deny:
+                approval = Approval(
+                    Answer.DENY,
+                    "prompts are set to deny (--on-prompt deny), and a permission request "
+                    "needs a human's answer; run the command without sandbox_permissions",
+                    "execgate",
+                )
+            elif key in self._granted:
+                approval = Approval(Answer.ALLOW_SESSION, "approved for this session", "execgate")
+            else:
+                asker = self.state.gate.approvals.recording(
+                    CallAsker(
+                        self.registry,
+                        CallInfo(0, command, workdir),
+                        self._direct_channel(ctx),
+                        audit,
+                    )
+                )
+                approval = await asker.ask(question)
+            if audit is not None:
+                audit.record(
+                    exec_,
+                    "permission-request",
+                    request.justification or "",
+                    asks=request.asks_for(),
+                    answer=approval.answer.value,
+                    by=approval.by,
+                )
+        finally:
+            if audit is not None:
+                audit.close()
+        log.info("%s: permission request %s by %s", params.name, approval.answer.value, approval.by)
+        if approval.answer == Answer.DENY:
+            reason = approval.reason or "declined by the user"
+            return None, (
+                f"execgate: denied: permission request ({request.mode}) for "
+                f"`{visible(command, 200)}`: {visible(reason, 1000)}"
+            )
+        if approval.answer in (Answer.ALLOW_SESSION, Answer.ALLOW_ALWAYS):
+            self._granted.add(key)
+        return permissions.widened(sandbox, request), None
+
+    def _direct_channel(self, ctx: Context) -> Channel:
+        """Questions asked outside a running call: the client (mid-call elicitation) when it
+        can be asked that way, else `execgate approvals`."""
+        if not self._elicits(ctx) or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return NoElicitation(None)
+
+        async def elicit(message: str, schema: dict[str, Any]) -> types.ElicitResult:
+            return await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
+
+        return MidCallElicitation(elicit)
 
     def _unified_channel(self, ctx: Context, process: UnifiedProcess) -> Channel:
         """Questions of a unified process go to the client of the request that last

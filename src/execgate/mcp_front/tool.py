@@ -87,11 +87,14 @@ OUTPUT_SCHEMA: Final[dict[str, Any]] = {
 }
 
 
-def tool_definition() -> types.Tool:
+def tool_definition(extra_properties: Mapping[str, Any] | None = None) -> types.Tool:
+    schema = INPUT_SCHEMA
+    if extra_properties:
+        schema = {**schema, "properties": {**schema["properties"], **extra_properties}}
     return types.Tool(
         name=TOOL_NAME,
         description=TOOL_DESCRIPTION,
-        input_schema=INPUT_SCHEMA,
+        input_schema=schema,
         output_schema=OUTPUT_SCHEMA,
     )
 

@@ -107,13 +107,16 @@ RESULT_SCHEMA: Final[dict[str, Any]] = {
 }
 
 
-def tool_definitions() -> list[types.Tool]:
+def tool_definitions(extra_properties: Mapping[str, Any] | None = None) -> list[types.Tool]:
+    schema = EXEC_INPUT_SCHEMA
+    if extra_properties:
+        schema = {**schema, "properties": {**schema["properties"], **extra_properties}}
     return [
         types.Tool(
             name=EXEC_TOOL,
             description="Runs a command in a PTY or with pipes, returning output or a session "
             "ID for ongoing interaction.",
-            input_schema=EXEC_INPUT_SCHEMA,
+            input_schema=schema,
             output_schema=RESULT_SCHEMA,
         ),
         types.Tool(

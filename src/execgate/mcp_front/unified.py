@@ -15,6 +15,7 @@ import dataclasses
 import fcntl
 import itertools
 import logging
+import math
 import os
 import signal
 import struct
@@ -46,6 +47,9 @@ PROTECTED: Final = 8
 #: Output is buffered per process up to this (head and tail kept, a marker between).
 OUTPUT_LIMIT: Final = OUTPUT_CAP
 _DRAIN_LIMIT = 2.0
+#: After a write, the result comes once the answer has arrived and the process has said nothing
+#: more for this long (or at the end of the window): an echo or a prompt need not wait 250 ms+.
+SETTLE: Final = 0.02
 #: What children see besides the server's environment: no colours, no pagers (the reference's).
 CHILD_ENV: Final = {
     "NO_COLOR": "1",
@@ -88,6 +92,8 @@ class UnifiedProcess:
         self._input = -1  # the PTY's leader side or the stdin pipe
         self._running = False
         self._writing = anyio.Lock()
+        self._activity = asyncio.Event()  # output arrived, or the process ended
+        self._last_output = 0.0
         #: The front end's: the request that last interacted with the process (where its
         #: questions go).
         self.context: Any = None
@@ -112,6 +118,8 @@ class UnifiedProcess:
 
     def _output(self, data: bytes) -> None:
         self.pending.feed(data)
+        self._last_output = time.monotonic()
+        self._activity.set()
 
     async def _run(self, asker: Asker) -> None:
         args = self.args
@@ -186,6 +194,7 @@ class UnifiedProcess:
             self.exit_code = exit_code
             log.info("unified exec %d ended: exit %d", self.id, exit_code)
             self._ended.set()
+            self._activity.set()
 
     # -- interaction ----------------------------------------------------------------------------
 
@@ -200,7 +209,7 @@ class UnifiedProcess:
             self.stopwatch.restart(yield_ms / 1000)
             with anyio.CancelScope() as window:
                 self.stopwatch.attach(window)
-                await self._ended.wait()
+                await self._wait(settle=bool(chars))
             self.stopwatch.attach(None)
             text = self.pending.text()
             self.pending = OutputCapture(OUTPUT_LIMIT)
@@ -219,6 +228,17 @@ class UnifiedProcess:
             original_tokens=original,
             truncated_bytes=cut,
         )
+
+    async def _wait(self, *, settle: bool) -> None:
+        """Until the process ends; with ``settle``, also until output came and then paused."""
+        before = self.pending.total
+        while not self.exited:
+            self._activity.clear()
+            answered = settle and self.pending.total > before
+            if answered and time.monotonic() - self._last_output >= SETTLE:
+                return
+            with anyio.move_on_after(SETTLE if answered else math.inf):
+                await self._activity.wait()
 
     async def _write(self, data: bytes) -> None:
         async with self._writing:

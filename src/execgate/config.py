@@ -44,6 +44,9 @@ class Config:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     # The tools `execgate mcp` offers (see MCP_TOOLS).
     tools: tuple[str, ...] = ("shell",)
+    # Folders of agent skills whose <skill>/scripts/ programs always ask (None: the defaults,
+    # $CODEX_HOME/skills and $EXECGATE_HOME/skills).
+    skills_dirs: tuple[str, ...] | None = None
 
 
 #: Tools `execgate mcp` can offer: the one-shot shell, and unified exec's pair.
@@ -137,6 +140,7 @@ def load_config(path: Path | None = None) -> Config:
         "clean_escalated_env",
         "sandbox",
         "tools",
+        "skills_dirs",
     }
     for key in data:
         if key not in known:
@@ -158,6 +162,9 @@ def load_config(path: Path | None = None) -> Config:
         approval_timeout=float(timeout),
         clean_escalated_env=clean,
         sandbox=_sandbox(path, _check(path, "sandbox", data.get("sandbox", {}), dict)),
+        skills_dirs=_strings(path, "skills_dirs", data["skills_dirs"])
+        if "skills_dirs" in data
+        else None,
         tools=check_tools(
             _strings(path, "tools", data.get("tools", ["shell"])), f"{path}: `tools`"
         ),

@@ -12,6 +12,7 @@ import pytest
 
 from execgate.gate.escalation import Answer, ApprovalRequest, PolicyEscalation, Verdict
 from execgate.gate.session import describe_exec
+from execgate.gate.skills import interpreter_name, script_argument
 from execgate.mcp_front.elicitation import ApprovalError, ApprovalRegistry, CallInfo, NoElicitation
 from execgate.mcp_front.stopwatch import Stopwatch
 from execgate.mcp_front.tool import OutputCapture, ToolArgumentError, parse_arguments
@@ -202,3 +203,17 @@ def test_registry_answers_by_id_and_times_out(tmp_path: Path) -> None:
         assert approval.answer == Answer.DENY and not registry.pending()
 
     asyncio.run(main())
+
+
+# -- skill scripts: which argument an interpreter runs ------------------------------------------
+
+
+def test_script_argument_of_interpreters() -> None:
+    assert script_argument(["bash", "-x", "s.sh", "a"]) == "s.sh"
+    assert script_argument(["bash", "-o", "pipefail", "s.sh"]) == "s.sh"
+    assert script_argument(["bash", "--", "-s.sh"]) == "-s.sh"
+    assert script_argument(["bash", "-c", "s.sh"]) is None
+    assert script_argument(["bash", "-lc", "s.sh"]) is None
+    assert script_argument(["python3", "-m", "mod"]) is None
+    assert script_argument(["python3", "-u", "tool.py"]) == "tool.py"
+    assert interpreter_name("/usr/bin/python3.11") == "python"

@@ -27,6 +27,7 @@ from execgate.gate.session import (
     SessionDenied,
     log_escalations,
 )
+from execgate.gate.skills import skill_scripts
 from execgate.sandbox import add_sandbox_arguments, sandbox_from_args
 
 
@@ -73,6 +74,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
         search_path=os.environ.get("PATH", os.defpath),
         ask_always=args.audit is not None,
         on_prompt_deny=args.on_prompt == "deny",
+        skills=skill_scripts(config),
     )
     asker: Asker
     if args.on_prompt == "deny":

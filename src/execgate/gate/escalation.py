@@ -152,6 +152,8 @@ class ApprovalRequest:
     offer_always: bool
     # Set for a request that is not an exec's (an MCP permission request): what is asked.
     purpose: str = ""
+    # A skill script's canonical path: it always asks; "for this session" approves that path.
+    skill_script: str = ""
 
     def summary(self) -> str:
         why = self.judgement.justification() or "requires approval by policy"
@@ -227,8 +229,11 @@ class PolicyEscalation:
         user_approves: Callable[[Judgement], bool] = lambda _: False,
         can_record_always: Callable[[Judgement], bool] = lambda _: True,
         on_prompt_deny: bool = False,
+        skill_script: Callable[[GatedExec], str | None] = lambda _: None,
     ) -> None:
         self._policy = policy
+        self._skill_script = skill_script
+        self.approved_skill_scripts: set[str] = set()
         self._aliases = aliases
         self._user_approves = user_approves
         self._can_record_always = can_record_always
@@ -257,6 +262,9 @@ class PolicyEscalation:
         judgement = self._judgements.judge(self._policy(), exec_, self._aliases())
         if loader_loads_an_auditor(exec_):
             return Action(Verdict.DENY, "the loader's --audit library could remove the exec gate")
+        script = self._skill_script(exec_)
+        if script is not None:
+            return self._skill(exec_, script)
         if judgement.decision is None:
             # Runs in place: inside the sandbox no-new-privs makes the kernel ignore set-id
             # bits and capabilities; outside (sandbox off, escalated callers) it would not.
@@ -289,10 +297,35 @@ class PolicyEscalation:
             return Action(Verdict.DENY, _needs_approval(request, "prompts are set to deny"))
         return Action(Verdict.ASK, approval=request)
 
+    def _skill(self, exec_: GatedExec, script: str) -> Action:
+        """A skill script: whatever the rules say, a human decides (it runs in place)."""
+        if script in self.approved_skill_scripts:
+            return Action(Verdict.RUN, f"skill script {script}, approved for this session")
+        request = ApprovalRequest(
+            id=f"{next(_ids)}",
+            exec=exec_,
+            judgement=Judgement(Decision.PROMPT, [script, *exec_.argv[1:]], None),
+            prefix=(script,),
+            offer_always=False,
+            purpose=f"skill script `{visible(script, 500)}` wants to run (skill scripts "
+            "always ask)",
+            skill_script=script,
+        )
+        if self._on_prompt_deny:
+            return Action(
+                Verdict.DENY,
+                f"skill script {script} needs a human's approval; prompts are set to deny",
+            )
+        return Action(Verdict.ASK, approval=request)
+
     def resolve(self, request: ApprovalRequest, approval: Approval, *, confined: bool) -> Action:
         if approval.answer == Answer.DENY:
             reason = approval.reason or "declined by the user"
             return Action(Verdict.DENY, reason)
+        if request.skill_script:
+            if approval.answer != Answer.ALLOW_ONCE:
+                self.approved_skill_scripts.add(request.skill_script)
+            return Action(Verdict.RUN, f"skill script approved by {approval.by}")
         if approval.answer in (Answer.ALLOW_SESSION, Answer.ALLOW_ALWAYS):
             self.approvals.prefixes.update(
                 tuple(m.matched_prefix) for m in request.judgement.deciding_matches()

@@ -46,6 +46,7 @@ from execgate.gate.escalation import (
     ApprovalRequest,
     Asker,
     Judgement,
+    Verdict,
 )
 from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
 from execgate.gate.session import (
@@ -55,6 +56,7 @@ from execgate.gate.session import (
     describe_exec,
     log_escalations,
 )
+from execgate.gate.skills import skill_scripts
 from execgate.mcp_front import permissions, unified_tool
 from execgate.mcp_front.calls import CallSetup, ProgressPump, ShellCall
 from execgate.mcp_front.control import ControlServer
@@ -138,6 +140,7 @@ class PolicyState:
             search_path=os.environ.get("PATH", os.defpath),
             ask_always=options.audit is not None,
             on_prompt_deny=options.on_prompt_deny,
+            skills=skill_scripts(options.config),
         )
         self.reloader = PolicyReloader(
             self._load, self._apply, first.watch_paths, interval=options.reload_interval
@@ -472,8 +475,9 @@ class McpFrontEnd:
         refused request (a banned ``prefix_rule``)."""
         command = argv[-1]
         request = permissions.parse_permissions(params.arguments, command, workdir=workdir)
-        if request is None:
-            return sandbox, None
+        denial = await self._sourced_skills(ctx, argv, workdir)
+        if denial is not None or request is None:
+            return sandbox, denial
         exec_ = describe_exec(argv[0], argv, cwd=workdir, via="permission request")
         judgement = Judgement(Decision.PROMPT, list(argv), None)
         question = ApprovalRequest(
@@ -530,6 +534,43 @@ class McpFrontEnd:
         if approval.answer in (Answer.ALLOW_SESSION, Answer.ALLOW_ALWAYS):
             self._granted.add(key)
         return permissions.widened(sandbox, request), None
+
+    async def _sourced_skills(self, ctx: Context, argv: list[str], workdir: str) -> str | None:
+        """Skill scripts the command line sources (no exec the gate sees) ask like executed
+        ones; the denial line if one is denied."""
+        gate = self.state.gate
+        skills = gate.live.skills
+        if skills is None:
+            return None
+        for script in skills.sourced_by(argv[-1], workdir):
+            if script in gate.escalation.approved_skill_scripts:
+                continue
+            exec_ = describe_exec(argv[0], argv, cwd=workdir, via="source")
+            question = ApprovalRequest(
+                id=f"s{next(self._permission_ids)}",
+                exec=exec_,
+                judgement=Judgement(Decision.PROMPT, ["source", script], None),
+                prefix=(script,),
+                offer_always=False,
+                purpose=f"skill script `{visible(script, 500)}` is sourced by the command "
+                "(skill scripts always ask)",
+                skill_script=script,
+            )
+            if self.options.on_prompt_deny:
+                approval = Approval(
+                    Answer.DENY,
+                    f"skill script {script} needs a human's approval; prompts are set to deny",
+                    "execgate",
+                )
+            else:
+                asker = CallAsker(
+                    self.registry, CallInfo(0, argv[-1], workdir), self._direct_channel(ctx)
+                )
+                approval = await asker.ask(question)
+            action = gate.escalation.resolve(question, approval, confined=True)
+            if action.verdict == Verdict.DENY:
+                return f"execgate: denied: source {visible(script, 500)}: {action.reason}"
+        return None
 
     def _direct_channel(self, ctx: Context) -> Channel:
         """Questions asked outside a running call: the client (mid-call elicitation) when it

@@ -8,7 +8,11 @@ import contextlib
 import json
 import os
 import re
+import select
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -267,3 +271,80 @@ def test_eviction_at_64_protects_the_recent_and_prefers_the_exited(mcp: Mcp) -> 
         await asyncio.to_thread(mcp.wait_for, lambda: not mcp.leftovers(), "the disconnect")
 
     asyncio.run(scenario())
+
+
+def test_pty_ctrl_c_and_disconnect_as_an_unprivileged_user(unprivileged: Any) -> None:
+    """As an ordinary user, over raw stdio: the launcher takes the PTY as its terminal, Ctrl-C
+    reaches the foreground job, and closing stdin leaves no process behind."""
+    folder = unprivileged.make_dir()
+    (folder / "empty.rules").write_text("")
+    unprivileged.chown_tree(folder)
+    tag = f"egtag{folder.name[-8:]}u"
+    command = [sys.executable, "-m", "execgate", "mcp", "--tools", "unified"]
+    server = subprocess.Popen(
+        unprivileged.argv([*command, "--rules", str(folder / "empty.rules")]),
+        env=unprivileged.env(),
+        cwd=folder,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert server.stdin is not None and server.stdout is not None
+    ids = iter(range(1, 100))
+
+    def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        assert server.stdin is not None and server.stdout is not None
+        request = {"jsonrpc": "2.0", "id": next(ids), "method": "tools/call",
+                   "params": {"name": name, "arguments": arguments}}  # fmt: skip
+        server.stdin.write(json.dumps(request).encode() + b"\n")
+        server.stdin.flush()
+        ready, _, _ = select.select([server.stdout], [], [], 120)  # a hang guard
+        assert ready, "no answer"
+        answer: dict[str, Any] = json.loads(server.stdout.readline())
+        structured: dict[str, Any] = answer["result"]["structuredContent"]
+        return structured
+
+    def survivors() -> list[str]:
+        found = subprocess.run(["pgrep", "-af", tag], capture_output=True, text=True)
+        return [line for line in found.stdout.splitlines() if "pgrep" not in line]
+
+    try:
+        assert server.stdin is not None and server.stdout is not None
+        hello = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"}}}  # fmt: skip
+        server.stdin.write(json.dumps(hello).encode() + b"\n")
+        server.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        server.stdin.flush()
+        server.stdout.readline()
+        script = (
+            f": {tag}; trap 'echo got-int' INT; echo ready; "
+            f"(exec -a {tag}-bg sleep 1000) & while :; do sleep 0.2; done"
+        )
+        first = call("exec_command", {"cmd": script, "tty": True, "login": False,
+                                      "workdir": str(folder), "yield_time_ms": 1000})  # fmt: skip
+        seen, sid = first["output"], first["session_id"]
+        for _ in range(10):
+            if "ready" in seen:
+                break
+            seen += call("write_stdin", {"session_id": sid, "chars": "", "yield_time_ms": 5000})[
+                "output"
+            ]
+        assert "ready" in seen
+        seen = ""
+        for chars in ("\u0003", "", "", ""):
+            seen += call("write_stdin", {"session_id": sid, "chars": chars, "yield_time_ms": 1000})[
+                "output"
+            ]
+            if "got-int" in seen:
+                break
+        assert "got-int" in seen
+        assert survivors()
+    finally:
+        server.stdin.close()
+        server.stdout.close()
+        assert server.wait(timeout=60) == 0
+    deadline = time.monotonic() + 30  # a failure guard: they are killed at once
+    while survivors() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert survivors() == []

@@ -7,7 +7,6 @@ import json
 from typing import Any
 
 import mcp_types as types
-import pytest
 from mcp.client.client import Client
 from mcpharness import WS, Elicitations, Mcp, accept, error_text, payload, shell_args
 from test_mcp_unified import result_of
@@ -27,36 +26,38 @@ async def run(client: Client, mcp: Mcp, tool: str, command: str, **extra: Any) -
     return data["exit_code"], data["output"]
 
 
-@pytest.mark.parametrize("tool", ["shell", "exec_command"])
-def test_require_escalated_in_read_only(mcp: Mcp, tool: str) -> None:
+TOOLS = ("shell", "exec_command")
+
+
+def test_require_escalated_in_read_only(mcp: Mcp) -> None:
     target = mcp.work / "made"
     escalated = {"sandbox_permissions": "require_escalated", "justification": "write a file"}
-    answers = Elicitations([accept("once"), types.ElicitResult(action="decline")])
+    answers = Elicitations([accept("once"), types.ElicitResult(action="decline")] * 2)
 
     async def scenario() -> None:
         async with mcp.client(*UNIFIED, *RO, elicit=answers) as client:
-            # without a request: read-only
-            code, _ = await run(client, mcp, tool, f"echo x > {target}")
-            assert code != 0 and not target.exists()
-            # approved: runs outside the sandbox, its programs still gated
-            code, out = await run(
-                client, mcp, tool, f"echo x > {target}; marker; echo rc=$?", **escalated
-            )
-            assert target.read_text() == "x\n"
-            assert "execgate: denied: marker" in out and "rc=126" in out
-            target.unlink()
-            # declined: nothing runs
-            code, out = await run(client, mcp, tool, f"echo x > {target}", **escalated)
-            assert code == 126 and "execgate: denied: permission request" in out
-            assert "declined by the user" in out and not target.exists()
+            for tool in TOOLS:
+                # without a request: read-only
+                code, _ = await run(client, mcp, tool, f"echo x > {target}")
+                assert code != 0 and not target.exists()
+                # approved: runs outside the sandbox, its programs still gated
+                code, out = await run(
+                    client, mcp, tool, f"echo x > {target}; marker; echo rc=$?", **escalated
+                )
+                assert target.read_text() == "x\n"
+                assert "execgate: denied: marker" in out and "rc=126" in out
+                target.unlink()
+                # declined: nothing runs
+                code, out = await run(client, mcp, tool, f"echo x > {target}", **escalated)
+                assert code == 126 and "execgate: denied: permission request" in out
+                assert "declined by the user" in out and not target.exists()
 
     asyncio.run(scenario())
     assert "write a file" in answers.asked[0].message
     assert "outside the sandbox" in answers.asked[0].message
 
 
-@pytest.mark.parametrize("tool", ["shell", "exec_command"])
-def test_additional_permissions_in_workspace_write(mcp: Mcp, tool: str) -> None:
+def test_additional_permissions_in_workspace_write(mcp: Mcp) -> None:
     inside, other = mcp.outside / "inside", mcp.root / "other"
     other.mkdir()
     widen = {
@@ -64,21 +65,22 @@ def test_additional_permissions_in_workspace_write(mcp: Mcp, tool: str) -> None:
         "justification": "build output",
         "additional_permissions": {"writable_roots": [str(mcp.outside)]},
     }
-    answers = Elicitations([accept("once"), types.ElicitResult(action="decline")])
+    answers = Elicitations([accept("once"), types.ElicitResult(action="decline")] * 2)
 
     async def scenario() -> None:
         async with mcp.client(*UNIFIED, *WS, elicit=answers) as client:
-            code, _ = await run(client, mcp, tool, f"echo x > {inside}")
-            assert code != 0 and not inside.exists()
-            # approved: exactly that folder becomes writable, nothing else
-            code, out = await run(
-                client, mcp, tool, f"echo x > {inside}; echo y > {other}/f; echo rc=$?", **widen
-            )
-            assert inside.read_text() == "x\n" and not (other / "f").exists()
-            assert "rc=1" in out
-            inside.unlink()
-            code, out = await run(client, mcp, tool, f"echo x > {inside}", **widen)
-            assert code == 126 and "declined by the user" in out and not inside.exists()
+            for tool in TOOLS:
+                code, _ = await run(client, mcp, tool, f"echo x > {inside}")
+                assert code != 0 and not inside.exists()
+                # approved: exactly that folder becomes writable, nothing else
+                code, out = await run(
+                    client, mcp, tool, f"echo x > {inside}; echo y > {other}/f; echo rc=$?", **widen
+                )
+                assert inside.read_text() == "x\n" and not (other / "f").exists()
+                assert "rc=1" in out
+                inside.unlink()
+                code, out = await run(client, mcp, tool, f"echo x > {inside}", **widen)
+                assert code == 126 and "declined by the user" in out and not inside.exists()
 
     asyncio.run(scenario())
     assert str(mcp.outside) in answers.asked[0].message

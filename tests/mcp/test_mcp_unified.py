@@ -64,6 +64,17 @@ async def until(client: Client, first: dict[str, Any], pattern: str, chars: str 
     return str(seen)
 
 
+async def until_exit(client: Client, result: dict[str, Any]) -> tuple[int, str]:
+    """(exit code, output seen) once the process of ``result`` has exited (bounded polls)."""
+    seen = result["output"]
+    for _ in range(20):
+        if "exit_code" in result:
+            return result["exit_code"], str(seen)
+        result = await write_stdin(client, result["session_id"], "")
+        seen += result["output"]
+    raise AssertionError(f"still running: {seen!r}")
+
+
 def test_tools_are_offered_only_when_asked_for(mcp: Mcp) -> None:
     async def scenario() -> None:
         async with mcp.client() as client:
@@ -100,9 +111,18 @@ def test_long_exec_polled_written_and_exited_with_pipes(mcp: Mcp) -> None:
             second = await write_stdin(client, sid, "hello\n", yield_time_ms=1000)
             assert "got:hello" in await until(client, second, "got:hello")
             last = await write_stdin(client, sid, "world\n", yield_time_ms=5000)
-            assert last["exit_code"] == 3 and "bye:world" in last["output"]
+            code, seen = await until_exit(client, last)
+            assert code == 3 and "bye:world" in seen
             gone = await client.call_tool("write_stdin", {"session_id": sid, "chars": ""})
             assert f"no unified exec session {sid}" in error_text(gone)
+            # at most 1 MiB kept per process (head and tail); max_output_tokens cuts further
+            big = "head -c 3000000 /dev/zero | tr '\\0' a; echo END"
+            kept = await exec_command(client, mcp, big, max_output_tokens=1_000_000)
+            assert kept["output"].rstrip().endswith("aEND")
+            assert "bytes of output cut here" in kept["output"]
+            assert 1 << 20 <= len(kept["output"]) < (1 << 20) + 1000
+            cut = await exec_command(client, mcp, big, max_output_tokens=100)
+            assert len(cut["output"]) < 600 and cut["original_token_count"] > 250_000
             # the model cannot confuse it with a denial: a denied program says so
             denied = await exec_command(client, mcp, "marker; echo status $?")
             assert "execgate: denied: marker" in denied["output"]
@@ -125,9 +145,7 @@ def test_python_bash_password_and_ctrl_c_on_a_pty(mcp: Mcp) -> None:
             out = await write_stdin(
                 client, sid, "import os, sys; sys.exit(5)\n", yield_time_ms=5000
             )
-            while "exit_code" not in out:
-                out = await write_stdin(client, sid, "")
-            assert out["exit_code"] == 5
+            assert (await until_exit(client, out))[0] == 5
 
             script = (
                 "[ -t 0 ] && echo tty; read -s -p 'Password: ' pw </dev/tty; echo; "
@@ -142,9 +160,7 @@ def test_python_bash_password_and_ctrl_c_on_a_pty(mcp: Mcp) -> None:
             out = await write_stdin(client, sid, "one\n", yield_time_ms=1000)
             assert "line:one" in await until(client, out, "line:one")
             out = await write_stdin(client, sid, "\u0004", yield_time_ms=5000)  # EOF
-            while "exit_code" not in out:
-                out = await write_stdin(client, sid, "")
-            assert out["exit_code"] == 0
+            assert (await until_exit(client, out))[0] == 0
 
     asyncio.run(scenario())
 

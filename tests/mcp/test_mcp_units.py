@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -16,6 +17,7 @@ from execgate.gate.skills import interpreter_name, script_argument
 from execgate.mcp_front.elicitation import ApprovalError, ApprovalRegistry, CallInfo, NoElicitation
 from execgate.mcp_front.stopwatch import Stopwatch
 from execgate.mcp_front.tool import OutputCapture, ToolArgumentError, parse_arguments
+from execgate.mcp_front.unified import ProcessStore
 from execgate.policy import load_rules_files
 
 
@@ -217,3 +219,32 @@ def test_script_argument_of_interpreters() -> None:
     assert script_argument(["python3", "-m", "mod"]) is None
     assert script_argument(["python3", "-u", "tool.py"]) == "tool.py"
     assert interpreter_name("/usr/bin/python3.11") == "python"
+
+
+# -- the unified process store's choice of whom to end -------------------------------------------
+
+
+@dataclass
+class FakeProcess:
+    id: int
+    last_used: float
+    exited: bool = False
+    busy: int = 0
+
+
+def test_store_evicts_lru_exited_then_lru_live_never_protected_or_busy() -> None:
+    store = ProcessStore(limit=6, protected=2)
+    procs = [FakeProcess(i, last_used=float(i)) for i in range(6)]
+    for p in procs:
+        store._processes[p.id] = p  # type: ignore[assignment]
+    assert store.victim() is procs[0]  # least recently used
+    procs[3].exited = True
+    assert store.victim() is procs[3]  # an exited one first
+    procs[5].exited = True  # but not one of the 2 most recently used
+    procs[3].exited = False
+    assert store.victim() is procs[0]
+    procs[0].busy = 1  # a write_stdin in progress: never
+    assert store.victim() is procs[1]
+    for p in procs[:4]:
+        p.busy = 1
+    assert store.victim() is None  # only protected or busy ones left

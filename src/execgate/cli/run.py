@@ -87,9 +87,10 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
     # command; we outlive them to clean up. SIGTERM/SIGHUP end the whole session.
     for signum in (signal.SIGINT, signal.SIGQUIT):
         loop.add_signal_handler(signum, lambda: None)
-    ended = asyncio.Event()
+    # SIGTERM/SIGHUP cancel the wait for the command (then the session is closed).
+    waiting = anyio.CancelScope()
     for signum in (signal.SIGTERM, signal.SIGHUP):
-        loop.add_signal_handler(signum, ended.set)
+        loop.add_signal_handler(signum, waiting.cancel)
     audit = AuditLog(args.audit) if args.audit else None
     log_escalations()
     session = await EscalationSession.open(
@@ -112,15 +113,8 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
             print(denied.message, file=sys.stderr)
             return 126 << 8
         status: int = signal.SIGTERM  # a wait status: killed by SIGTERM, unless it exits
-        async with anyio.create_task_group() as tasks:
-
-            async def stop_on_signal() -> None:
-                await ended.wait()
-                tasks.cancel_scope.cancel()
-
-            tasks.start_soon(stop_on_signal)
+        with waiting:
             status = await process.wait()
-            tasks.cancel_scope.cancel()
         return status
     finally:
         await session.aclose()

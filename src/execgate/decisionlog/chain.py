@@ -240,10 +240,10 @@ def read_lines(path: Path) -> Iterator[Line]:
                 contents.append((file, file.read_bytes()))
     for file, data in contents:
         for i, raw in enumerate(data.splitlines(), 1):
-            yield Line(file, i, raw, _parse(raw))
+            yield Line(file, i, raw, parse_line(raw))
 
 
-def _parse(raw: bytes) -> dict[str, Any] | None:
+def parse_line(raw: bytes) -> dict[str, Any] | None:
     try:
         value = json.loads(raw)
     except ValueError:

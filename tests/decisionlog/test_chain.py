@@ -16,8 +16,8 @@ WRITER = textwrap.dedent(
     import sys
     from pathlib import Path
     from execgate.decisionlog.chain import ChainedFile
-    path, me, batches, max_bytes = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    log = ChainedFile(path, max_bytes=max_bytes, keep=1000)
+    path, me, batches = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    log = ChainedFile(path, max_bytes=int(sys.argv[4]), keep=1000)
     sys.stdin.read()  # every writer starts at once
     for i in range(batches):
         log.append([{"writer": me, "n": i, "argv": ["x" * (i % 7)]}, {"writer": me, "n": -i}])

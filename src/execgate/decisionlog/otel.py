@@ -33,8 +33,10 @@ EVENT_NAME = "execgate.exec_decision"
 COUNTER_NAME = "execgate.decisions"
 QUEUE_LIMIT = 2048
 BATCH_LIMIT = 256
-#: How long closing waits for the last batch to leave (at exit; never during an exec).
-CLOSE_TIMEOUT = 5.0
+#: How long closing waits for the last batch to leave (at exit; never during an exec), and
+#: how long one export may take (retries included).
+CLOSE_TIMEOUT = 3.0
+EXPORT_TIMEOUT = 2.0
 
 _HTTP_MODULE = "opentelemetry.exporter.otlp.proto.http"
 _GRPC_MODULE = "opentelemetry.exporter.otlp.proto.grpc"
@@ -262,7 +264,7 @@ class _Sink:
 
     def shutdown(self) -> None:
         with contextlib.suppress(Exception):
-            self._meters.shutdown(timeout_millis=int(CLOSE_TIMEOUT * 1000))
+            self._meters.shutdown(timeout_millis=int(EXPORT_TIMEOUT * 1000))
         with contextlib.suppress(Exception):
             self._exporter.shutdown()
 
@@ -277,7 +279,7 @@ def _exporters(settings: OtelSettings) -> tuple[Any, Any]:
             OTLPMetricExporter as GrpcMetrics,
         )
 
-        grpc_kwargs: dict[str, Any] = {"headers": headers}
+        grpc_kwargs: dict[str, Any] = {"headers": headers, "timeout": EXPORT_TIMEOUT}
         if settings.endpoint:
             grpc_kwargs["endpoint"] = settings.endpoint
         return GrpcLogs(**grpc_kwargs), GrpcMetrics(**grpc_kwargs)
@@ -287,7 +289,12 @@ def _exporters(settings: OtelSettings) -> tuple[Any, Any]:
     if settings.endpoint:
         base = settings.endpoint.rstrip("/")
         return (
-            OTLPLogExporter(endpoint=f"{base}/v1/logs", headers=headers),
-            OTLPMetricExporter(endpoint=f"{base}/v1/metrics", headers=headers),
+            OTLPLogExporter(endpoint=f"{base}/v1/logs", headers=headers, timeout=EXPORT_TIMEOUT),
+            OTLPMetricExporter(
+                endpoint=f"{base}/v1/metrics", headers=headers, timeout=EXPORT_TIMEOUT
+            ),
         )
-    return OTLPLogExporter(headers=headers), OTLPMetricExporter(headers=headers)
+    return (
+        OTLPLogExporter(headers=headers, timeout=EXPORT_TIMEOUT),
+        OTLPMetricExporter(headers=headers, timeout=EXPORT_TIMEOUT),
+    )

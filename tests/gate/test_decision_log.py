@@ -208,3 +208,53 @@ def test_log_colours_on_a_terminal_unless_no_color(gate: Gate) -> None:
         match = term.expect(rb"[^\n]*deny[^\n]*marker")
         assert term.finish() == 0
         assert (b"\x1b[31m" in match.group(0)) is coloured
+
+
+def test_grants_are_listed_and_an_always_grant_is_revoked_byte_for_byte(gate: Gate) -> None:
+    user_rules = Path(gate.env["EXECGATE_HOME"]) / "rules"
+    user_rules.mkdir()
+    (user_rules / "mine.rules").write_text(
+        'prefix_rule(["other", "push"], "prompt", justification="it publishes")\n'
+        'prefix_rule(["other", "pull"], "prompt")\n'
+    )
+    mine = user_rules / "default.rules"
+    # the user's own file, with CRLF lines, a comment and no final newline
+    before = b'# mine\r\nprefix_rule(pattern=["other", "keep"], decision="allow")\r\n# end'
+    mine.write_bytes(before)
+    script = "other push x; other pull y; other pull z; echo rc=$?"
+    term = Terminal([*EXECGATE, "run", "--", "bash", "-c", script], gate.env, gate.root)
+    term.expect(rb"\[a\]lways")
+    term.type(b"a\n")
+    term.expect(rb"Allow\?")
+    term.type(b"r\n")  # for this run: `other pull z` is not asked
+    term.expect(rb"rc=0")
+    assert term.finish() == 0
+    line = b'prefix_rule(pattern=["other", "push"], decision="allow")'
+    assert mine.read_bytes() == before + b"\n" + line + b"\n"
+    assert [r.get("source") for r in _records(gate)][-1] == "grant"
+
+    listed = json.loads(_execgate(gate, "approvals", "grants", "--json").stdout)["grants"]
+    assert [(g["scope"], g["prefix"], g["answered_by"]) for g in listed] == [
+        ("always", ["other", "push"], "terminal"),
+        ("session", ["other", "pull"], "terminal"),
+    ]
+    always, session = listed
+    assert always["rule_file"] == str(mine) and always["rule_line_number"] == 4
+    assert always["rule_line"] == line.decode()
+    shown = _execgate(gate, "approvals", "grants").stdout
+    assert f"{mine}:4" in shown and "session run:" in shown
+
+    refused = _execgate(gate, "approvals", "revoke", session["id"])
+    assert refused.returncode == 1
+    assert "belongs to an `execgate run` session: it ends with that run" in refused.stderr
+
+    revoked = _execgate(gate, "approvals", "revoke", always["id"])
+    assert revoked.returncode == 0, revoked.stderr
+    assert mine.read_bytes() == before + b"\n"  # only the grant's line is gone
+    assert _records(gate)[-1]["kind"] == "revoke"
+    again = json.loads(_execgate(gate, "approvals", "grants", "--json").stdout)["grants"]
+    assert [g["scope"] for g in again] == ["session"]
+    # the grant is gone: `other push` asks again (and, with nobody to ask, is denied)
+    result = gate.run("other push; echo rc=$?", rules=False, options=["--on-prompt", "deny"])
+    assert result.stdout.endswith(b"rc=126\n")
+    assert _execgate(gate, "log", "verify").returncode == 0

@@ -17,7 +17,7 @@ from execgate import paths
 from execgate.config import Config
 from execgate.decisionlog.recorder import DecisionLog, open_decision_log
 
-__all__ = ["DecisionLog", "open_front_log"]
+__all__ = ["DecisionLog", "open_decision_log", "open_front_log"]
 
 
 def open_front_log(front: str, config: Config, *, audit: Path | None) -> DecisionLog:

@@ -173,7 +173,7 @@ class McpFrontEnd:
         self.options = options
         self.state = state
         self.registry = ApprovalRegistry(options.approval_timeout)
-        self.control = ControlServer(self.registry, self._info)
+        self.control = ControlServer(self.registry, self._info, self._revoke)
         self.calls: set[ShellCall] = set()
         self.parked: dict[str, _Parked] = {}
         self.codex_sandbox: _CodexSandbox | None = None
@@ -198,7 +198,16 @@ class McpFrontEnd:
             "started": self._started,
             "version": __version__,
             "approval_timeout": self.options.approval_timeout,
+            **({"session": self.options.decisions.session} if self.options.decisions else {}),
         }
+
+    def _revoke(self, prefix: tuple[str, ...]) -> bool:
+        """Withdraw a "for this session" answer: the prefix asks again from now on."""
+        granted = self.state.gate.escalation.approvals.prefixes
+        if prefix not in granted:
+            return False
+        granted.discard(prefix)
+        return True
 
     # -- serving ----------------------------------------------------------------------------
 

@@ -615,11 +615,12 @@ def decision_entry(
         entry["source"] = "grant"
     else:
         entry["source"] = "rule" if judgement and judgement.decision else "none"
-    entry["reason"] = action.reason or (approval.reason if approval else None)
+    entry["reason"] = action.reason or None
     if asked is not None:
         request, approval = asked
         entry["answer"] = approval.answer.value
         entry["answered_by"] = by
+        entry["answer_reason"] = approval.reason  # the human's own words, if any
         entry["prefix"] = list(request.prefix)
         if approval.answer.value == "always" and request.offer_always:
             # what UserApprovals.record appended (the grant `execgate approvals` lists)

@@ -103,3 +103,29 @@ def test_records_are_written_when_the_log_closes_and_non_utf8_survives(tmp_path:
     assert line.record is not None
     assert line.record["argv"] == ["printf", "\udcff"]
     assert line.record["front"] == "run" and line.record["session"] == log.session
+
+
+def test_a_permission_request_is_one_more_kind_of_record(tmp_path: Path) -> None:
+    from execgate.decisionlog.query import render
+    from execgate.decisionlog.recorder import permission_entry
+
+    path = tmp_path / "decisions.jsonl"
+    log = DecisionLog("mcp", chain=ChainedFile(path))
+    log.record(
+        permission_entry(
+            call=3,
+            permission="network",
+            detail={"host": "example.com", "port": 443},
+            decision="allow",
+            source="elicitation",
+            answer="once",
+            answered_by="elicitation",
+        )
+    )
+    log.close()
+    [line] = list(read_lines(path))
+    assert line.record is not None and line.record["kind"] == "permission"
+    shown = render(line.record, colour=False)
+    assert 'permission network {"host":"example.com","port":443}' in shown
+    assert "[once by elicitation]" in shown and f"mcp:{log.session[:8]}.3" in shown
+    assert verify(path).broken is None

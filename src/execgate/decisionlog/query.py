@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -87,7 +88,12 @@ def render(record: dict[str, Any], *, colour: bool) -> str:
     argv = [str(w) for w in record.get("argv", [])] or exec_command(record)
     call = f".{record['call']}" if record.get("call") is not None else ""
     who = f"{record.get('front', '?')}:{str(record.get('session', ''))[:8]}{call}"
-    parts = [when, f"{decision:8}", who, command_line(argv, 300)]
+    if record.get("kind") == "permission":
+        detail = json.dumps(record.get("detail", {}), ensure_ascii=True, separators=(",", ":"))
+        what = f"permission {visible(str(record.get('permission', '?')))} {visible(detail, 300)}"
+    else:
+        what = command_line(argv, 300)
+    parts = [when, f"{decision:8}", who, what]
     if "answer" in record:
         parts.append(f"[{record['answer']} by {record.get('answered_by', '?')}]")
     elif record.get("source") in ("fail-closed", "grant"):

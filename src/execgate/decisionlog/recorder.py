@@ -41,7 +41,16 @@ ARGV_LIMIT = 65536
 #: Who made a decision (``source``): a policy rule (or no rule: ``none``), a human at the
 #: terminal, through MCP elicitation or the ``execgate approvals`` command, nobody in time
 #: (``unanswered``), or the gate refusing without judging (``fail-closed``).
-SOURCES = ("rule", "none", "terminal", "elicitation", "approvals", "unanswered", "fail-closed")
+SOURCES = (
+    "rule",
+    "none",
+    "grant",  # an earlier "for this session" answer
+    "terminal",
+    "elicitation",
+    "approvals",
+    "unanswered",
+    "fail-closed",
+)
 
 Entry = Mapping[str, Any]
 
@@ -116,7 +125,9 @@ class DecisionLog:
         atexit.register(self.flush)
 
     def record(self, entry: Entry | Callable[[], Entry]) -> None:
-        """Queue one decision (or a function that builds it, called when it is written)."""
+        """Queue one decision (or a function that builds it, called when it is written):
+        an exec's (``gate.session.decision_entry``), a permission request's
+        (:func:`permission_entry`). ``time``, ``session`` and ``front`` are added here."""
         self._pending.append((time.time(), entry))
         if self._timer is not None:
             return
@@ -165,6 +176,38 @@ class DecisionLog:
             self.audit.close()
         if self.export is not None:
             self.export.close()
+
+
+def permission_entry(
+    *,
+    call: int | None,
+    permission: str,
+    detail: Mapping[str, Any],
+    decision: str,
+    source: str,
+    answer: str | None = None,
+    answered_by: str | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    """A permission request's record (``kind: permission``), for
+    :meth:`DecisionLog.record`: ``permission`` names what was asked (``network``,
+    ``writable_root``, …), ``detail`` what exactly (host, path), ``decision`` ``allow`` or
+    ``deny``, ``source`` one of :data:`SOURCES`; ``answer``/``answered_by`` when a human was
+    asked. Values must be JSON (strings, numbers, lists, objects)."""
+    if source not in SOURCES:
+        raise ValueError(f"unknown source {source!r}")
+    entry: dict[str, Any] = {
+        "kind": "permission",
+        "call": call,
+        "permission": permission,
+        "detail": dict(detail),
+        "decision": decision,
+        "source": source,
+        "answer": answer,
+        "answered_by": answered_by,
+        "reason": reason,
+    }
+    return {k: v for k, v in entry.items() if v is not None}
 
 
 def open_decision_log(

@@ -258,3 +258,18 @@ def test_grants_are_listed_and_an_always_grant_is_revoked_byte_for_byte(gate: Ga
     result = gate.run("other push; echo rc=$?", rules=False, options=["--on-prompt", "deny"])
     assert result.stdout.endswith(b"rc=126\n")
     assert _execgate(gate, "log", "verify").returncode == 0
+
+
+def test_a_malformed_request_is_logged_as_a_fail_closed_refusal(gate: Gate) -> None:
+    attack = (
+        "import os, socket, struct; s = socket.socket(socket.AF_UNIX); "
+        "s.connect(os.environ['EXECGATE_SOCKET']); p = b'not a request'; "
+        "s.send(struct.pack('<I', len(p)) + p); print('closed', s.recv(10) == b'')"
+    )
+    result = gate.run(["python3", "-c", attack])
+    assert result.stdout == b"closed True\n", result.stderr
+    refusal = next(r for r in _records(gate) if r.get("source") == "fail-closed")
+    assert refusal["decision"] == "deny"
+    assert refusal["reason"] == "malformed request: payload does not end with a NUL"
+    assert isinstance(refusal["pid"], int) and refusal["pid"] > 0
+    assert _execgate(gate, "log", "verify").returncode == 0

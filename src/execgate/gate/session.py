@@ -433,6 +433,14 @@ class EscalationSession:
         self._record(exec_, action)
         return self._encode(exec_, request, fds[-1], action)
 
+    def refused(self, peer: Peer, why: str) -> None:
+        if self.decisions is not None:
+            call = self.call
+            self.decisions.record(
+                lambda: {"kind": "exec", "call": call, "pid": peer.pid, "decision": "deny",
+                         "source": "fail-closed", "reason": why}
+            )  # fmt: skip
+
     def _encode(self, exec_: GatedExec, request: ExecRequest, runs: int, action: Action) -> Answer:
         if action.verdict == Verdict.RUN:
             return protocol.RUN

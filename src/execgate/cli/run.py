@@ -14,13 +14,13 @@ import anyio
 
 from execgate.cli.options import add_gate_arguments
 from execgate.config import load_config
+from execgate.decisionlog import open_front_log
 from execgate.errors import ExecgateError
 from execgate.gate import orphans
 from execgate.gate.askers import DenyingAsker, TerminalAsker
 from execgate.gate.escalation import Asker
 from execgate.gate.livepolicy import GatePolicy, PolicySource
 from execgate.gate.session import (
-    AuditLog,
     EscalationSession,
     SessionCaller,
     SessionConfig,
@@ -91,7 +91,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
     waiting = anyio.CancelScope()
     for signum in (signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(signum, waiting.cancel)
-    audit = AuditLog(args.audit) if args.audit else None
+    decisions = open_front_log("run", config, audit=args.audit)
     log_escalations()
     session = await EscalationSession.open(
         SessionConfig(
@@ -102,7 +102,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
             clean_escalated_env=config.clean_escalated_env,
             approval_timeout=config.approval_timeout,
         ),
-        SessionCaller(gate.approvals.recording(asker), audit=audit),
+        SessionCaller(gate.approvals.recording(asker), decisions=decisions),
     )
     try:
         try:
@@ -118,3 +118,4 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
         return status
     finally:
         await session.aclose()
+        decisions.close()

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import secrets
 import shutil
 import tempfile
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,12 +29,14 @@ import anyio
 import anyio.abc
 
 from execgate import native, paths
+from execgate.decisionlog.recorder import DecisionLog, bounded_argv
 from execgate.errors import ExecgateError
 from execgate.files import make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
 from execgate.gate.cleanenv import cleaned_variables
 from execgate.gate.escalation import (
     Action,
+    Approval,
     ApprovalRequest,
     Asker,
     EscalationPolicy,
@@ -50,6 +50,7 @@ from execgate.gate.program import GatedExec, runs_file, vouched
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import Answer, GateServer, Peer
 from execgate.gate.snapshot import SealedSnapshot
+from execgate.policy import allow_rule_line
 from execgate.sandbox import SandboxSpec
 from execgate.sandbox.guarded import guard
 from execgate.visible import VisibleFormatter, visible
@@ -78,32 +79,6 @@ class SessionDenied(ExecgateError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, exit_status=126)
-
-
-class AuditLog:
-    """Every decision as one JSON line (``--audit FILE``)."""
-
-    def __init__(self, path: Path) -> None:
-        fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        self._file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
-
-    def record(self, exec_: GatedExec, verdict: str, reason: str = "", **extra: object) -> None:
-        entry = {
-            "time": round(time.time(), 6),
-            "pid": exec_.pid,
-            "ppid": exec_.ppid,
-            "via": exec_.via,
-            "program": exec_.realpath or exec_.path,
-            "argv": list(exec_.argv),
-            "cwd": exec_.cwd,
-            "verdict": verdict,
-            **({"reason": reason} if reason else {}),
-            **extra,
-        }
-        self._file.write(json.dumps(entry, ensure_ascii=False) + "\n")
-
-    def close(self) -> None:
-        self._file.close()
 
 
 def log_escalations(path: Path | None = None) -> Path | None:
@@ -255,7 +230,8 @@ class SessionCaller:
 
     asker: Asker
     on_ask: Callable[[bool], None] | None = None
-    audit: AuditLog | None = field(default=None, compare=False)
+    decisions: DecisionLog | None = field(default=None, compare=False)
+    call: int | None = None  # the tool call its decisions are logged under
 
 
 class EscalationSession:
@@ -339,8 +315,12 @@ class EscalationSession:
         return self._caller
 
     @property
-    def audit(self) -> AuditLog | None:
-        return self._caller.audit if self._caller is not None else None
+    def decisions(self) -> DecisionLog | None:
+        return self._caller.decisions if self._caller is not None else None
+
+    @property
+    def call(self) -> int | None:
+        return self._caller.call if self._caller is not None else None
 
     async def __aenter__(self) -> EscalationSession:
         return self
@@ -430,14 +410,17 @@ class EscalationSession:
         """Gate and start the session's own command (as if the session exec'd it)."""
         program = resolve_command(argv[0], cwd=cwd, path=env.get("PATH", os.defpath))
         exec_ = describe_exec(program, argv, cwd=cwd, via="session")
+        asked = None
         if self.live.fail_closed_reason:  # nothing runs, not even a shell's builtins
             action = Action(Verdict.DENY, self.live.fail_closed_reason)
         else:
             action = self.escalation.decide(exec_, confined=self.confined)
         if action.verdict == Verdict.ASK:
             assert action.approval is not None
-            action = await self._ask(action.approval, confined=self.confined)
-        self._record(exec_, action)
+            request = action.approval
+            action, approval = await self._ask(request, confined=self.confined)
+            asked = (request, approval)
+        self._record(exec_, action, asked)
         if action.verdict == Verdict.DENY:
             raise SessionDenied(self.denial(exec_, action.reason))
         escalate = action.verdict == Verdict.ESCALATE
@@ -470,14 +453,14 @@ class EscalationSession:
         else:
             log.warning("gate: request with a foreign token from pid %d", peer.pid)
             exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
+            self._record(exec_, Action(Verdict.DENY, "request not from this session"), closed=True)
             return protocol.encode_deny(self.denial(exec_, "request not from this session"))
         try:
             program, interpreters = inspect_descriptors(fds, request.interpreters)
         except IdentityError as exc:
             exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
             log.info("gate: refused a request from pid %d: %s", peer.pid, exc)
-            if self.audit:
-                self.audit.record(exec_, Verdict.DENY.value, str(exc))
+            self._record(exec_, Action(Verdict.DENY, str(exc)), closed=True)
             return protocol.encode_deny(self.denial(exec_, str(exc)))
         exec_ = vouched(GatedExec.from_request(request, program, interpreters), peer.pid)
         if self.live.fail_closed_reason:
@@ -490,6 +473,14 @@ class EscalationSession:
         self._record(exec_, action)
         return self._encode(exec_, request, fds[-1], action)
 
+    def refused(self, peer: Peer, why: str) -> None:
+        if self.decisions is not None:
+            call = self.call
+            self.decisions.record(
+                lambda: {"kind": "exec", "call": call, "pid": peer.pid, "decision": "deny",
+                         "source": "fail-closed", "reason": why}
+            )  # fmt: skip
+
     def _encode(self, exec_: GatedExec, request: ExecRequest, runs: int, action: Action) -> Answer:
         if action.verdict == Verdict.RUN:
             return protocol.RUN
@@ -497,7 +488,16 @@ class EscalationSession:
             return self._escalate(exec_, request, runs)
         return protocol.encode_deny(self.denial(exec_, action.reason))
 
-    def _record(self, exec_: GatedExec, action: Action) -> None:
+    def _record(
+        self,
+        exec_: GatedExec,
+        action: Action,
+        asked: tuple[ApprovalRequest, Approval] | None = None,
+        *,
+        closed: bool = False,
+    ) -> None:
+        """Log a decision: the escalations log at once, the decision log after the answer
+        (``closed``: refused without judging, or with the policy failed closed)."""
         if action.verdict == Verdict.ESCALATE:
             escalations.info(
                 "escalated %s (program %s, pid %d, cwd %s, sandbox %s)",
@@ -509,8 +509,12 @@ class EscalationSession:
             )
         elif action.verdict == Verdict.RUN and action.reason:
             escalations.info("%s: %s", exec_.display(), action.reason)
-        if self.audit:
-            self.audit.record(exec_, action.verdict.value, action.reason)
+        if self.decisions is not None:
+            closed = closed or (action.judgement is None and bool(self.live.fail_closed_reason))
+            call, sandbox = self.call, self.sandbox
+            self.decisions.record(
+                lambda: decision_entry(exec_, action, asked, closed, call, sandbox)
+            )
 
     async def _ask_then_answer(
         self,
@@ -520,17 +524,18 @@ class EscalationSession:
         approval: ApprovalRequest,
         confined: bool,
     ) -> bytes:
-        action = await self._ask(approval, confined=confined)
-        self._record(exec_, action)
+        action, answer_given = await self._ask(approval, confined=confined)
+        self._record(exec_, action, (approval, answer_given))
         answer = self._encode(exec_, request, runs, action)
         return answer if isinstance(answer, bytes) else await answer
 
-    async def _ask(self, request: ApprovalRequest, *, confined: bool) -> Action:
-        """Ask a human; a session that ends or a question nobody answers in time is a denial."""
+    async def _ask(self, request: ApprovalRequest, *, confined: bool) -> tuple[Action, Approval]:
+        """Ask a human; a session that ends or a question nobody answers in time is a denial.
+        Returns the action and the answer it follows from."""
         caller = self.caller
         if self._closing:
             approval = no_one_to_ask(request, "the session ended before anyone answered")
-            return self.escalation.resolve(request, approval, confined=confined)
+            return self.escalation.resolve(request, approval, confined=confined), approval
         self._asks += 1
         if self._asks == 1 and caller.on_ask:
             caller.on_ask(True)
@@ -552,7 +557,7 @@ class EscalationSession:
             approval = no_one_to_ask(request, "the session ended before anyone answered")
         else:
             approval = no_one_to_ask(request, f"nobody answered within {self.approval_timeout:g} s")
-        return self.escalation.resolve(request, approval, confined=confined)
+        return self.escalation.resolve(request, approval, confined=confined), approval
 
     # -- escalation ----------------------------------------------------------------------
 
@@ -594,6 +599,7 @@ class EscalationSession:
 
     def _cannot_escalate(self, exec_: GatedExec, error: BaseException) -> bytes:
         log.warning("gate: cannot escalate %s: %s", exec_.display(), error)
+        self._record(exec_, Action(Verdict.DENY, f"cannot escalate ({error})"), closed=True)
         return protocol.encode_deny(self.denial(exec_, f"cannot escalate ({error})"))
 
     # -- the end -------------------------------------------------------------------------
@@ -609,11 +615,70 @@ class EscalationSession:
             await self._launcher.shutdown(grace)
         if self._server is not None:
             await self._server.aclose()
-        if self._caller is not None and self._caller.audit is not None:
-            self._caller.audit.close()
+        if self.decisions is not None:
+            self.decisions.flush()  # the log is the front end's; its records are written now
         if self.sealed_snapshot is not None:
             self.sealed_snapshot.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -- the decision log ------------------------------------------------------------------------
+
+# Who answered, as the decision log's ``source`` and ``answered_by`` say it.
+_ANSWERED_BY = {"execgate": "unanswered", "execgate approvals": "approvals"}
+
+
+def decision_entry(
+    exec_: GatedExec,
+    action: Action,
+    asked: tuple[ApprovalRequest, Approval] | None,
+    closed: bool,
+    call: int | None,
+    sandbox: SandboxSpec | None,
+) -> dict[str, object]:
+    """One decision as the decision log records it (built after the answer was sent)."""
+    judgement = action.judgement
+    approval = asked[1] if asked else None
+    argv, cut = bounded_argv(list(exec_.argv))
+    entry: dict[str, object] = {
+        "kind": "exec",
+        "call": call,
+        "pid": exec_.pid,
+        "ppid": exec_.ppid,
+        "cwd": exec_.cwd,
+        "program": exec_.realpath or exec_.path,
+        "argv": argv,
+        "argv_cut": cut or None,
+        "via": exec_.via,
+        "decision": action.verdict.value,
+        "sandbox": sandbox.describe() if sandbox else "off",
+    }
+    if judgement is not None and judgement.decision is not None:
+        entry["policy"] = judgement.decision.value
+        entry["rule"] = judgement.rule_locations()
+        entry["justification"] = judgement.justification()
+        entry["command"] = bounded_argv(list(judgement.command))[0]
+    by = _ANSWERED_BY.get(approval.by, approval.by) if approval else None
+    if closed:
+        entry["source"] = "fail-closed"
+    elif approval is not None:
+        entry["source"] = by
+    elif action.granted:
+        entry["source"] = "grant"
+    else:
+        entry["source"] = "rule" if judgement and judgement.decision else "none"
+    entry["reason"] = action.reason or None
+    if asked is not None:
+        request, approval = asked
+        entry["answer"] = approval.answer.value
+        entry["answered_by"] = by
+        entry["answer_reason"] = approval.reason  # the human's own words, if any
+        entry["prefix"] = list(request.prefix)
+        if approval.answer.value == "always" and request.offer_always:
+            # what UserApprovals.record appended (the grant `execgate approvals` lists)
+            entry["rule_line"] = allow_rule_line(request.prefix)
+            entry["rule_file"] = str(paths.user_default_rules_file())
+    return {k: v for k, v in entry.items() if v is not None}
 
 
 # -- the session's own command ---------------------------------------------------------------

@@ -21,15 +21,14 @@ import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import anyio
 import anyio.abc
 
+from execgate.decisionlog import DecisionLog
 from execgate.errors import ExecgateError
 from execgate.gate.escalation import Asker
 from execgate.gate.session import (
-    AuditLog,
     EscalationSession,
     SessionCaller,
     SessionConfig,
@@ -64,7 +63,7 @@ class CallSetup:
     session: SessionConfig
     shell: str
     reserve: SessionReserve
-    audit_path: Path | None = None
+    decisions: DecisionLog | None = None  # the front end's log (every call's decisions)
 
     @property
     def base_env(self) -> Mapping[str, str]:
@@ -92,7 +91,6 @@ class ShellCall:
         #: Set whenever there is something new for the request driving the call (a question
         #: to hand to the client, the outcome).
         self.changed = asyncio.Event()
-        self.audit = AuditLog(setup.audit_path) if setup.audit_path else None
         self._listeners: list[OutputListener] = []
         self._scope = anyio.CancelScope()  # the whole call: abort() cancels it
         self._started = time.monotonic()
@@ -145,7 +143,9 @@ class ShellCall:
         reader = PipeReader(read_fd, self._output)
         try:
             with self._scope:
-                caller = SessionCaller(asker, self.stopwatch.asking, self.audit)
+                caller = SessionCaller(
+                    asker, self.stopwatch.asking, decisions=self.setup.decisions, call=self.id
+                )
                 session = await self.setup.reserve.take(self.setup.session, caller)
                 env = {**self.setup.base_env, "PWD": self.args.workdir}
                 try:

@@ -39,6 +39,8 @@ from pydantic import ConfigDict
 
 from execgate import __version__
 from execgate.config import Config
+from execgate.decisionlog import DecisionLog
+from execgate.decisionlog.recorder import permission_entry
 from execgate.errors import ExecgateError
 from execgate.gate.escalation import (
     Answer,
@@ -50,7 +52,6 @@ from execgate.gate.escalation import (
 )
 from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
 from execgate.gate.session import (
-    AuditLog,
     SessionConfig,
     SessionReserve,
     describe_exec,
@@ -116,6 +117,7 @@ class McpOptions:
     rules: list[Path] | None = None  # explicit rules files instead of the layered policy
     default_login: bool = True
     audit: Path | None = None
+    decisions: DecisionLog | None = None  # where every call's decisions go (closed with us)
     on_prompt_deny: bool = False
     # auto: elicit when the client declares the capability (or is Codex, which answers
     # elicitation requests either way); always: also without it (protocols before 2026-07-28;
@@ -179,6 +181,13 @@ class _CodexSandbox:
     cwd: Path
 
 
+def _answer_source(by: str) -> str:
+    """Who answered a question, as the decision log names it."""
+    if by == "execgate":
+        return "unanswered"
+    return "approvals" if by.startswith("execgate approvals") else "elicitation"
+
+
 def _can_elicit(capabilities: types.ClientCapabilities | None) -> bool:
     elicitation = capabilities.elicitation if capabilities is not None else None
     if elicitation is None:
@@ -192,7 +201,7 @@ class McpFrontEnd:
         self.options = options
         self.state = state
         self.registry = ApprovalRegistry(options.approval_timeout)
-        self.control = ControlServer(self.registry, self._info)
+        self.control = ControlServer(self.registry, self._info, self._revoke)
         self.calls: set[ShellCall] = set()
         self.processes = ProcessStore()  # unified exec
         self._permission_ids = itertools.count(1)
@@ -221,7 +230,16 @@ class McpFrontEnd:
             "started": self._started,
             "version": __version__,
             "approval_timeout": self.options.approval_timeout,
+            **({"session": self.options.decisions.session} if self.options.decisions else {}),
         }
+
+    def _revoke(self, prefix: tuple[str, ...]) -> bool:
+        """Withdraw a "for this session" answer: the prefix asks again from now on."""
+        granted = self.state.gate.escalation.approvals.prefixes
+        if prefix not in granted:
+            return False
+        granted.discard(prefix)
+        return True
 
     # -- serving ----------------------------------------------------------------------------
 
@@ -269,6 +287,8 @@ class McpFrontEnd:
         self.calls.clear()
         await self.sessions.aclose()
         await self.control.aclose()
+        if self.options.decisions is not None:
+            self.options.decisions.close()
 
     # -- handlers ---------------------------------------------------------------------------
 
@@ -348,13 +368,13 @@ class McpFrontEnd:
         setup = CallSetup(
             session=self._session_config(allowed),
             shell=self.options.shell,
-            audit_path=self.options.audit,
+            decisions=self.options.decisions,
             reserve=self.sessions,
         )
         call = ShellCall(setup, args)
         channel = self._channel(ctx, call)
         asker: Asker = CallAsker(
-            self.registry, CallInfo(call.id, args.command, args.workdir), channel, call.audit
+            self.registry, CallInfo(call.id, args.command, args.workdir), channel
         )
         asker = self.state.gate.approvals.recording(asker)
         log.info(
@@ -410,7 +430,7 @@ class McpFrontEnd:
         setup = CallSetup(
             session=self._session_config(allowed),
             shell=args.shell,
-            audit_path=self.options.audit,
+            decisions=self.options.decisions,
             reserve=self.sessions,
         )
         process = UnifiedProcess(setup, args)
@@ -419,7 +439,6 @@ class McpFrontEnd:
             self.registry,
             CallInfo(process.id, args.cmd, args.workdir),
             self._unified_channel(ctx, process),
-            process.audit,
         )
         asker = self.state.gate.approvals.recording(asker)
         log.info(
@@ -491,39 +510,45 @@ class McpFrontEnd:
         )
         log.info("%s: permission request: %s", params.name, question.purpose)
         key = request.session_key(command)
-        audit = AuditLog(self.options.audit) if self.options.audit else None
-        try:
-            if self.options.on_prompt_deny:
-                approval = Approval(
-                    Answer.DENY,
-                    "prompts are set to deny (--on-prompt deny), and a permission request "
-                    "needs a human's answer; run the command without sandbox_permissions",
-                    "execgate",
+        granted = False
+        if self.options.on_prompt_deny:
+            approval = Approval(
+                Answer.DENY,
+                "prompts are set to deny (--on-prompt deny), and a permission request "
+                "needs a human's answer; run the command without sandbox_permissions",
+                "execgate",
+            )
+        elif key in self._granted:
+            granted = True
+            approval = Approval(Answer.ALLOW_SESSION, "approved for this session", "execgate")
+        else:
+            asker = self.state.gate.approvals.recording(
+                CallAsker(
+                    self.registry,
+                    CallInfo(0, command, workdir),
+                    self._direct_channel(ctx),
                 )
-            elif key in self._granted:
-                approval = Approval(Answer.ALLOW_SESSION, "approved for this session", "execgate")
-            else:
-                asker = self.state.gate.approvals.recording(
-                    CallAsker(
-                        self.registry,
-                        CallInfo(0, command, workdir),
-                        self._direct_channel(ctx),
-                        audit,
-                    )
+            )
+            approval = await asker.ask(question)
+        if self.options.decisions is not None:
+            self.options.decisions.record(
+                permission_entry(
+                    call=None,
+                    permission=request.mode,
+                    detail={
+                        "command": visible(command, 2000),
+                        "justification": request.justification or "",
+                        "writable_roots": [str(r) for r in request.writable_roots],
+                        "network": request.network,
+                        "prefix_rule": list(request.prefix_rule),
+                    },
+                    decision="deny" if approval.answer == Answer.DENY else "allow",
+                    source="grant" if granted else _answer_source(approval.by),
+                    answer=None if granted else approval.answer.value,
+                    answered_by=None if granted else _answer_source(approval.by),
+                    reason=approval.reason,
                 )
-                approval = await asker.ask(question)
-            if audit is not None:
-                audit.record(
-                    exec_,
-                    "permission-request",
-                    request.justification or "",
-                    asks=request.asks_for(),
-                    answer=approval.answer.value,
-                    by=approval.by,
-                )
-        finally:
-            if audit is not None:
-                audit.close()
+            )
         log.info("%s: permission request %s by %s", params.name, approval.answer.value, approval.by)
         if approval.answer == Answer.DENY:
             reason = approval.reason or "declined by the user"

@@ -29,7 +29,6 @@ import anyio.abc
 from execgate.errors import ExecgateError
 from execgate.gate.escalation import Asker
 from execgate.gate.session import (
-    AuditLog,
     EscalationSession,
     SessionCaller,
     SessionDenied,
@@ -82,7 +81,6 @@ class UnifiedProcess:
         self.args = args
         self.pending = OutputCapture(OUTPUT_LIMIT)  # written, not yet returned
         self.stopwatch = Stopwatch(0.0)  # the current yield window; stands still while asking
-        self.audit = AuditLog(setup.audit_path) if setup.audit_path else None
         self.exit_code: int | None = None
         self.error: str | None = None
         self.last_used = time.monotonic()
@@ -123,7 +121,9 @@ class UnifiedProcess:
 
     async def _run(self, asker: Asker) -> None:
         args = self.args
-        caller = SessionCaller(asker, self.stopwatch.asking, self.audit)
+        caller = SessionCaller(
+            asker, self.stopwatch.asking, decisions=self.setup.decisions, call=self.id
+        )
         session: EscalationSession | None = None
         child_fds: list[int] = []
         reader: PipeReader | None = None

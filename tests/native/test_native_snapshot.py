@@ -62,6 +62,33 @@ def test_match_by_each_name(gate: Gate) -> None:
         assert bool(gate.server.requests) == expect, (names, files, cmd)
 
 
+def test_a_program_of_a_listed_size_asks(gate: Gate) -> None:
+    """A copy of a rule-named file has its size: a program of a size in the snapshot asks (the
+    server tells a copy by content), also as a memfd executed by descriptor or by its
+    ``/proc/self/fd`` name; a program of another size does not."""
+    w = gate.work
+    copy = shutil.copy("/bin/echo", w / "copy")
+    size = os.stat(copy).st_size
+    memfd = (
+        "import os, sys\n"
+        "fd = os.memfd_create('copy', 0)\n"
+        "os.write(fd, open('/bin/echo', 'rb').read())\n"
+        "if os.fork() == 0:\n"
+        "    os.execve(f'/proc/self/fd/{fd}', ['echo', 'x'], os.environ)\n"
+        "os.wait()\n"
+        "os.execve(fd, ['echo', 'x'], os.environ)\n"
+    )
+    for sizes, expect in (([size - 1, size + 1], 0), ([1, size], 1)):
+        gate.server.write_snapshot(encode_snapshot([b"unrelated"], [], sizes=sizes))
+        gate.server.clear()
+        assert gate.sh("./copy x").stdout == b"x\n"
+        assert len(gate.server.requests) == expect, sizes
+        gate.server.clear()
+        r = gate.run(["python3", "-c", memfd])
+        assert r.stdout == b"x\nx\n", r.stderr
+        assert len(gate.server.requests) == 2 * expect, (sizes, asked(gate))
+
+
 def test_files_that_the_snapshot_cannot_vouch_for_always_ask(gate: Gate) -> None:
     """A file with other hard links (one of its names may be a rule's, and the snapshot can lag
     behind a file replaced at that name) and a set-id or capability program (it would leave the
@@ -124,6 +151,11 @@ def _corrupt(good: bytes, how: str) -> bytes:
         b[64:72], b[72:80] = c, a
     elif how == "flags":
         b[8:12] = struct.pack("<I", 2)
+    elif how == "sizes-outside":
+        b[20:24] = struct.pack("<I", 1000)
+    elif how == "sizes-unsorted":
+        a, c = bytes(b[-16:-8]), bytes(b[-8:])
+        b[-16:-8], b[-8:] = c, a
     elif how == "reserved":
         b[50] = 1
     elif how == "short":
@@ -141,6 +173,8 @@ def _corrupt(good: bytes, how: str) -> bytes:
         "names-outside",
         "files-offset",
         "unsorted",
+        "sizes-outside",
+        "sizes-unsorted",
         "flags",
         "reserved",
         "short",
@@ -149,7 +183,7 @@ def _corrupt(good: bytes, how: str) -> bytes:
     ],
 )
 def test_malformed_snapshot_asks(gate: Gate, how: str) -> None:
-    good = encode_snapshot([b"a", b"b", b"c"], [(1, 2)])
+    good = encode_snapshot([b"a", b"b", b"c"], [(1, 2)], sizes=[1, 2])
     if how == "missing":
         gate.server.snap_path.unlink()
     else:

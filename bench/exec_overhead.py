@@ -11,6 +11,8 @@ Configurations:
   run (round trip)      a rule names `true` but does not match: every exec asks the server
   run, workspace-write  as "run (snapshot)", inside the workspace-write sandbox
   escalate              `true` allowed, in workspace-write: every exec is escalated
+  run (content check)   a rule names a file of `true`'s size but other content: every exec
+                        asks, and the server compares contents (digest cached), then runs it
 Targets (issue #3): run <= 1.25x plain, escalate <= 2x plain. Codex's shell-tool MCP measures
 about 2.4x and 4.2x on the same kind of loop (shared/reference/anchor-observed.md).
 """
@@ -40,7 +42,17 @@ CONFIGS: dict[str, tuple[str | None, list[str]]] = {
         ["--sandbox", "workspace-write"],
     ),
     "escalate": ('prefix_rule(["true"], "allow")\n', ["--sandbox", "workspace-write"]),
+    "run (content check)": ('prefix_rule(["{home}/look-alike"], "forbidden")\n', []),
 }
+
+
+def look_alike(home: Path) -> None:
+    """A file of /bin/true's size with other content (its last byte changed)."""
+    data = bytearray(Path("/bin/true").read_bytes())
+    data[-1] ^= 0xFF
+    path = home / "look-alike"
+    path.write_bytes(bytes(data))
+    path.chmod(0o755)
 
 
 def measure(rules: Path | None, options: list[str], execs: int, env: dict[str, str]) -> int:
@@ -67,13 +79,14 @@ def main() -> None:
             "EXECGATE_HOME": str(home / "execgate"),
             "LANG": "C.UTF-8",
         }
+        look_alike(home)
         rules: dict[str, Path | None] = {}
         for name, (text, _) in CONFIGS.items():
             if text is None:
                 rules[name] = None
             else:
                 path = home / f"{len(rules)}.rules"
-                path.write_text(text)
+                path.write_text(text.format(home=home))
                 rules[name] = path
         samples: dict[str, list[int]] = {name: [] for name in CONFIGS}
         for _ in range(args.rounds):

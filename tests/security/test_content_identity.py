@@ -5,7 +5,8 @@ Every route runs for real inside `execgate run` and `execgate mcp`, with the san
 workspace-write, as root and as the unprivileged user: a renamed copy of the forbidden marker
 (an ELF), a hard link, a copy of the dynamic loader used as loader (for the marker and for a
 copy of it), a memfd copy run with `fexecve` and through `/proc/self/fd/N`. None may run; a
-copy with one byte changed is another program and runs. A prompt rule on the marker asks about
+copy with one byte changed (same size) is another program and runs, and once rewritten to the
+marker's bytes again (same inode) it is the marker again. A prompt rule on the marker asks about
 a copy, and the copy then runs (in place: an escalation needs a rule naming the very file) or
 not, as answered."""
 
@@ -56,11 +57,15 @@ cp {LOADER} ./myld; ./myld "$M"; echo myld=$?
 ./myld ./renamed; echo myld-copy=$?
 python3 memexec.py fexecve "$M" memcopy; echo memfd=$?
 python3 memexec.py procfd "$M" procfd; echo procfd=$?
-cp "$M" ./changed; printf x >> ./changed; ./changed; echo changed=$?
+cp "$M" ./changed; S=$(stat -c %s ./changed); B=$(tail -c1 ./changed | od -An -tu1)
+printf "\\\\$(printf %03o $(( (B + 1) % 256 )))" | dd of=./changed bs=1 seek=$((S - 1)) \\
+  conv=notrunc status=none
+./changed; echo changed=$?
+cat "$M" > ./changed; ./changed; echo restored=$?
 cp "$(command -v askme)" ./asked; ./asked; echo asked=$?
 echo alive
 """
-DENIED = ("renamed", "hard", "myld", "myld-copy", "memfd", "procfd")
+DENIED = ("renamed", "hard", "myld", "myld-copy", "memfd", "procfd", "restored")
 
 
 def _prepare(bin_dir: Path, work: Path) -> None:

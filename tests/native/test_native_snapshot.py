@@ -9,6 +9,9 @@ import subprocess
 
 import pytest
 
+from execgate.gate.content import ContentIndex
+from execgate.gate.snapshot import Snapshot
+
 from .gateserver import encode_snapshot
 from .support import Gate, marker
 
@@ -220,3 +223,18 @@ def test_replaced_snapshot_is_reread(gate: Gate) -> None:
     assert p.wait(60) == 0
     assert asked(gate) == [b"/bin/true"]
     _ = marker
+
+
+def test_the_servers_snapshot_is_the_documented_format() -> None:
+    """The server's encoder and the independent one above agree (else every exec would ask,
+    which no gating test would notice)."""
+    snapshot = Snapshot(
+        names={b"rm", b"git"},
+        files={(3, 4), (1, 2)},
+        contents=ContentIndex(sizes=frozenset({500, 7})),
+    )
+    expected = encode_snapshot([b"git", b"rm"], [(1, 2), (3, 4)], sizes=[7, 500])
+    assert snapshot.encode() == expected
+    assert snapshot.encode(ask_always=True) == encode_snapshot(
+        [b"git", b"rm"], [(1, 2), (3, 4)], sizes=[7, 500], flags=1
+    )

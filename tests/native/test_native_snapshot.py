@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from execgate.gate.content import ContentIndex
+from execgate.gate.content import ContentIndex, RuleFile
 from execgate.gate.snapshot import Snapshot
 
 from .gateserver import encode_snapshot
@@ -231,7 +231,9 @@ def test_the_servers_snapshot_is_the_documented_format() -> None:
     snapshot = Snapshot(
         names={b"rm", b"git"},
         files={(3, 4), (1, 2)},
-        contents=ContentIndex(sizes=frozenset({500, 7})),
+        contents=ContentIndex(
+            {7: (RuleFile("/a", 1, 2, ("a",)),), 500: (RuleFile("/b", 3, 4, ("b",)),)}
+        ),
     )
     expected = encode_snapshot([b"git", b"rm"], [(1, 2), (3, 4)], sizes=[7, 500])
     assert snapshot.encode() == expected

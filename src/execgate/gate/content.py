@@ -4,8 +4,8 @@ A rule names files (``rm`` stands for ``/usr/bin/rm``), but a gated process can 
 under any name, anywhere (``cp /usr/bin/rm ./x``, a memfd), and the copy runs the same code.
 The snapshot records the size of every rule-named file (docs/protocol.md §6); the interposer
 asks about a program of such a size, and the server hashes it, from the descriptor the request
-carries, and maps a matching digest to the rule names of the file it copies. A changed copy is
-just another program.
+carries, and the rule-named files of that size, and gives a match the rule names of the file it
+copies. A changed copy is just another program.
 
 Hashing costs ~2.5 ms per MiB here, so digests are cached by ``(dev, ino, size, mtime_ns,
 ctime_ns)``, but only for files whose ``ctime`` was already a second old when they were read:
@@ -100,60 +100,95 @@ def file_digest(fd: int, st: os.stat_result | None = None) -> Digest:
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class RuleFile:
+    """A file some rule names: where it was found, its identity and the rule names it answers
+    to (the dynamic loader's under its paths)."""
+
+    path: str
+    dev: int
+    ino: int
+    names: tuple[str, ...]
+
+
+def _digest_at(path: str) -> Digest | None:
+    """The digest of the regular file at ``path`` (opened ``O_PATH`` first: opening a device
+    can have effects); None when it is gone or the server may not read it (nor may a gated
+    process, which has no more rights: it cannot have copied it)."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        try:
+            reader = _readable(fd)
+        except ContentError:
+            return None
+        try:
+            return file_digest(reader, st)  # too large, changed while read: fail closed
+        finally:
+            if reader != fd:
+                os.close(reader)
+    finally:
+        os.close(fd)
+
+
 @dataclass(frozen=True)
 class ContentIndex:
-    """The contents of the files some rule names, by size and digest.
+    """The files some rule names, by size (the snapshot's size table): a program of another
+    size is no copy of any. Digests are computed only when a program of such a size is judged
+    (hashing every rule-named file up front would cost seconds per session start: ``docker``,
+    ``terraform`` and ``kubectl`` are 40-90 MB)."""
 
-    ``sizes``: the size of every rule-named file (the snapshot's size table; a program of
-    another size is no copy). ``names``: digest → the rule names of the files with that content
-    (the dynamic loader's files under their paths). ``unhashed``: size → the rule names of
-    rule-named files too large to hash; a program of that size cannot be cleared.
-    """
+    by_size: Mapping[int, tuple[RuleFile, ...]] = field(default_factory=dict)
 
-    sizes: frozenset[int] = frozenset()
-    names: Mapping[Digest, tuple[str, ...]] = field(default_factory=dict)
-    unhashed: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    @property
+    def sizes(self) -> frozenset[int]:
+        return frozenset(self.by_size)
 
     def names_of(self, fd: int, st: os.stat_result) -> tuple[str, ...]:
-        """The rule names of the program whose content the file behind ``fd`` has (() when it
-        copies none); :class:`ContentError` when that cannot be told."""
-        if st.st_size not in self.sizes or not stat.S_ISREG(st.st_mode):
+        """The rule names of the rule-named files whose content the file behind ``fd`` has
+        (itself included; () when none); :class:`ContentError` when that cannot be told (too
+        large to hash, unreadable, changed while read)."""
+        candidates = self.by_size.get(st.st_size)
+        if not candidates or not stat.S_ISREG(st.st_mode):
             return ()
-        if st.st_size in self.unhashed:
-            names = ", ".join(self.unhashed[st.st_size])
-            raise ContentError(f"it has the size of {names}, too large to compare")
-        return self.names.get(file_digest(fd, st), ())
+        names: set[str] = set()
+        digest: Digest | None = None
+        for rule_file in candidates:
+            if (rule_file.dev, rule_file.ino) == (st.st_dev, st.st_ino):
+                names.update(rule_file.names)  # the very file: nothing to compare
+                continue
+            if digest is None:
+                digest = file_digest(fd, st)
+            if _digest_at(rule_file.path) == digest:
+                names.update(rule_file.names)
+        return tuple(sorted(names))
 
 
 NO_CONTENTS = ContentIndex()  # a policy that names no file
 
 
 def build_index(files: Iterable[tuple[str, tuple[str, ...]]]) -> ContentIndex:
-    """The index of ``files``: (path, rule names) pairs. A file that cannot be opened is left
-    out (nobody can copy what nobody can read); an empty file runs nothing and is left out."""
-    sizes: set[int] = set()
-    names: dict[Digest, set[str]] = {}
-    unhashed: dict[int, set[str]] = {}
+    """The index of ``files``: (path, rule names) pairs, one entry per identity. Only regular
+    files count; an empty file runs nothing and is left out."""
+    found: dict[tuple[int, int], RuleFile] = {}
+    sizes: dict[tuple[int, int], int] = {}
     for path, rule_names in files:
         try:
-            if not stat.S_ISREG(os.stat(path).st_mode):
-                continue  # (opening a device can have effects)
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
-        except OSError:
+            st = os.stat(path)
+        except (OSError, ValueError):
             continue
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
-                continue
-            sizes.add(st.st_size)
-            try:
-                names.setdefault(file_digest(fd, st), set()).update(rule_names)
-            except ContentError:
-                unhashed.setdefault(st.st_size, set()).update(rule_names)
-        finally:
-            os.close(fd)
-    return ContentIndex(
-        frozenset(sizes),
-        {digest: tuple(sorted(n)) for digest, n in names.items()},
-        {size: tuple(sorted(n)) for size, n in unhashed.items()},
-    )
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            continue
+        known = found.get((st.st_dev, st.st_ino))
+        names = tuple(sorted({*rule_names, *(known.names if known else ())}))
+        found[(st.st_dev, st.st_ino)] = RuleFile(path, st.st_dev, st.st_ino, names)
+        sizes[(st.st_dev, st.st_ino)] = st.st_size
+    by_size: dict[int, list[RuleFile]] = {}
+    for file_id, rule_file in found.items():
+        by_size.setdefault(sizes[file_id], []).append(rule_file)
+    return ContentIndex({size: tuple(group) for size, group in by_size.items()})

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from execgate.config import Config
 from execgate.gate.approvals import UserApprovals
-from execgate.gate.content import ContentIndex
+from execgate.gate.content import NO_CONTENTS, ContentIndex
 from execgate.gate.escalation import PolicyEscalation
 from execgate.gate.folderwatch import FolderWatch
 from execgate.gate.snapshot import build_snapshot
@@ -44,7 +44,7 @@ class LivePolicy:
         self._watch = FolderWatch()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.aliases: dict[tuple[int, int], tuple[str, ...]] = {}
-        self.contents = ContentIndex()
+        self.contents = NO_CONTENTS
         self._set(policy, fail_closed_reason)
 
     def _set(self, policy: Policy, fail_closed_reason: str | None) -> None:

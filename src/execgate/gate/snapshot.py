@@ -50,11 +50,13 @@ class Snapshot:
     """What a policy means for the files on this host.
 
     ``files`` and ``aliases`` are the files some rule names (and the dynamic loader's), by
-    identity. ``contents`` indexes those same files by content: ``contents.sizes`` their sizes,
-    ``contents.names`` SHA-256 digest → the rule names of the files with that content (loaders
-    under their paths), so a copy of one under any name or identity is judged as it; files the
-    index cannot hash are in ``contents.unhashed`` (size → names; a program of that size is
-    denied). Copies themselves are found per exec, never listed here.
+    identity. ``contents`` indexes those same files by size for content comparison:
+    ``contents.by_size`` maps a size to the ``content.RuleFile`` entries (path, ``(dev, ino)``,
+    rule names; the loader's under its paths) of that size, ``contents.sizes`` is the
+    snapshot's size table, and ``contents.names_of(fd, st)`` gives the rule names of the
+    rule-named files whose content the file behind ``fd`` has (SHA-256, computed on demand and
+    cached), so a copy under any name or identity is judged as the program it copies. Copies
+    themselves are found per exec, never listed here.
     """
 
     names: set[bytes] = field(default_factory=set)

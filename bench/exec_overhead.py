@@ -13,6 +13,8 @@ Configurations:
   escalate              `true` allowed, in workspace-write: every exec is escalated
   run (content check)   a rule names a file of `true`'s size but other content: every exec
                         asks, and the server compares contents (digest cached), then runs it
+  ..., no decision log  the same with `[log] enabled = false`: what the always-on decision
+                        log costs a server-decided or escalated exec (target: at most 3%)
 Targets (issue #3): run <= 1.25x plain, escalate <= 2x plain. Codex's shell-tool MCP measures
 about 2.4x and 4.2x on the same kind of loop (shared/reference/anchor-observed.md).
 """
@@ -43,6 +45,11 @@ CONFIGS: dict[str, tuple[str | None, list[str]]] = {
     ),
     "escalate": ('prefix_rule(["true"], "allow")\n', ["--sandbox", "workspace-write"]),
     "run (content check)": ('prefix_rule(["{home}/look-alike"], "forbidden")\n', []),
+}
+# Configurations run again with the decision log off: name -> the configuration it mirrors.
+NO_LOG = {
+    "round trip, no log": "run (round trip)",
+    "escalate, no log": "escalate",
 }
 
 
@@ -80,6 +87,10 @@ def main() -> None:
             "LANG": "C.UTF-8",
         }
         look_alike(home)
+        quiet = home / "execgate-no-log"
+        quiet.mkdir()
+        (quiet / "config.toml").write_text("[log]\nenabled = false\n")
+        no_log_env = {**env, "EXECGATE_HOME": str(quiet)}
         rules: dict[str, Path | None] = {}
         for name, (text, _) in CONFIGS.items():
             if text is None:
@@ -88,10 +99,13 @@ def main() -> None:
                 path = home / f"{len(rules)}.rules"
                 path.write_text(text.format(home=home))
                 rules[name] = path
-        samples: dict[str, list[int]] = {name: [] for name in CONFIGS}
+        samples: dict[str, list[int]] = {name: [] for name in [*CONFIGS, *NO_LOG]}
         for _ in range(args.rounds):
             for name, (_, options) in CONFIGS.items():
                 samples[name].append(measure(rules[name], options, args.execs, env))
+            for name, mirrored in NO_LOG.items():
+                options = CONFIGS[mirrored][1]
+                samples[name].append(measure(rules[mirrored], options, args.execs, no_log_env))
     plain = statistics.median(samples["plain"])
     print(f"per-exec cost, bash loop of {args.execs} /bin/true, median of {args.rounds} rounds")
     print(f"machine: {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}")
@@ -101,6 +115,10 @@ def main() -> None:
             f"  {name:22} {median:7.0f} us/exec  {median / plain:5.2f}x plain"
             f"   (min {min(values)}, max {max(values)})"
         )
+    for name, mirrored in NO_LOG.items():
+        with_log = statistics.median(samples[mirrored])
+        without = statistics.median(samples[name])
+        print(f"  decision log cost, {mirrored}: {with_log / without:5.3f}x (target <= 1.03x)")
 
 
 if __name__ == "__main__":

@@ -101,6 +101,23 @@ def test_run_copies_are_judged_as_the_program(attacker: Attacker, mode: str) -> 
     assert "execgate: denied: ./asked: ask first; prompts are set to deny" in output, output
 
 
+def test_run_an_allow_rule_escalates_only_the_very_file(attacker: Attacker) -> None:
+    """A copy of an allowed program (``touch``) is judged as it, but an escalation needs a rule
+    naming the very file that runs: the copy, which the attacker could rewrite, runs in place,
+    inside the sandbox, and cannot write outside; the real ``touch`` is escalated and can."""
+    attacker.write_rules('prefix_rule(["touch"], "allow")\n')
+    out = attacker.outside
+    script = (
+        f"touch {out}/by-touch; echo touch=$?; "
+        f'cp "$(command -v touch)" ./t; ./t {out}/by-copy; echo copy=$?; echo alive'
+    )
+    result = attacker.run(script, mode="workspace-write")
+    assert b"touch=0" in result.stdout and b"alive" in result.stdout, result
+    assert b"copy=0" not in result.stdout, result
+    assert (out / "by-touch").exists(), result
+    assert not (out / "by-copy").exists(), result
+
+
 def _mcp_world(world: World) -> Path:
     """The world's ``marker`` made the compiled marker (traces in the workdir), and RULES."""
     m = world.mcp

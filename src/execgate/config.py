@@ -103,6 +103,8 @@ def load_config(path: Path | None = None) -> Config:
         return Config()
     except OSError as exc:
         raise ExecgateError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ExecgateError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -85,18 +85,33 @@ def control_dir() -> Path:
     """Where running servers keep their control sockets and the files that describe them
     (``execgate approvals`` finds servers there). Every sandbox hides this folder, so it is
     kept apart from the session folders: ``$EXECGATE_HOME/control``, or, when a socket path
-    there would not fit in a socket address, a folder named after ``$EXECGATE_HOME`` under
-    ``$XDG_RUNTIME_DIR`` (else ``/tmp``)."""
-    home = hashlib.sha256(os.fsencode(os.path.abspath(execgate_home()))).hexdigest()[:16]
-    name = f"execgate-control-{os.getuid()}-{home}"
-    candidates = [execgate_home() / "control"]
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    there would not fit in a socket address or that folder cannot be created (a read-only
+    home), a folder named after ``$EXECGATE_HOME`` under ``$XDG_RUNTIME_DIR`` (else ``/tmp``)."""
+    return _control_dir(os.path.abspath(execgate_home()), os.environ.get("XDG_RUNTIME_DIR"))
+
+
+@functools.cache  # one answer per process: the folder a server uses is the one sandboxes hide
+def _control_dir(home: str, runtime: str | None) -> Path:
+    digest = hashlib.sha256(os.fsencode(home)).hexdigest()[:16]
+    name = f"execgate-control-{os.getuid()}-{digest}"
+    candidates = [Path(home) / "control"]
     if runtime and os.path.isabs(runtime):
         candidates.append(Path(runtime) / name)
     for folder in candidates:
-        if len(os.fsencode(folder)) + 1 + _CONTROL_NAME_MAX < _SUN_PATH_MAX:
+        if len(os.fsencode(folder)) + 1 + _CONTROL_NAME_MAX < _SUN_PATH_MAX and _can_hold(folder):
             return folder
     return Path("/tmp") / name
+
+
+def _can_hold(folder: Path) -> bool:
+    """Whether ``folder`` exists or this user can create it (its nearest existing ancestor is
+    writable)."""
+    for existing in (folder, *folder.parents):
+        if existing.is_dir():
+            return existing == folder or os.access(existing, os.W_OK | os.X_OK)
+        if os.path.lexists(existing):
+            return False
+    return False
 
 
 def state_paths() -> list[Path]:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from execgate.cli.workdir import working_directory
 from execgate.errors import ExecgateError
 from execgate.policy import load_chosen_policy, load_layered_policy
 
@@ -64,8 +65,9 @@ def command_tokens(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     command = command_tokens(args)
+    cwd = working_directory()
     # Admin requirements apply on top of --rules too (without any, the output is Codex's).
-    loaded = load_chosen_policy(args.rules) if args.rules else load_layered_policy(Path.cwd())
+    loaded = load_chosen_policy(args.rules) if args.rules else load_layered_policy(cwd)
     for warning in loaded.warnings:
         print(f"execgate: warning: {warning}", file=sys.stderr)
     if loaded.fail_closed_reason:

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from execgate.cli.options import add_gate_arguments
+from execgate.cli.options import add_gate_arguments, check_audit_file
+from execgate.cli.workdir import working_directory
 from execgate.config import load_config
 from execgate.errors import ExecgateError
 from execgate.gate import orphans
@@ -120,7 +121,7 @@ def run_mcp(args: argparse.Namespace) -> int:
     _configure_logging(args)
     orphans.adopt_orphans()  # what a killed launcher leaves behind is ours to kill
     config = load_config()
-    cwd = Path.cwd()
+    cwd = working_directory()
     approval_timeout = (
         args.approval_timeout if args.approval_timeout is not None else config.approval_timeout
     )
@@ -129,6 +130,7 @@ def run_mcp(args: argparse.Namespace) -> int:
     if args.reload_interval <= 0:
         raise ExecgateError("--reload-interval must be positive")
 
+    check_audit_file(args.audit)
     workspace = _workspace(args.workspace, cwd)
     # Fixed here, never by a call: the model picks a call's `workdir`, not what is writable.
     sandbox = sandbox_from_args(args, config.sandbox, cwd=workspace, default_mode="workspace-write")

@@ -11,6 +11,7 @@ from typing import Any
 
 from execgate import paths
 from execgate.cli.check import command_tokens
+from execgate.cli.workdir import working_directory
 from execgate.config import load_config
 from execgate.errors import ExecgateError
 from execgate.files import make_private_dir, write_atomically
@@ -129,7 +130,7 @@ def _print_rules(rules: list[PrefixRule], full: bool) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    cwd = Path.cwd()
+    cwd = working_directory()
     config = load_config()
     loaded = load_layered_policy(cwd, config=config)
     by_file: dict[str, list[PrefixRule]] = {}
@@ -193,7 +194,7 @@ def _files_to_test(args: argparse.Namespace) -> list[tuple[str, Path, str | None
         return [("file", path, None) for path in args.rules]
     found: list[tuple[str, Path, str | None]] = []
     seen: set[str] = set()
-    for folder in rules_folders(Path.cwd(), load_config()):
+    for folder in rules_folders(working_directory(), load_config()):
         real = os.path.realpath(folder.path)
         if real in seen:
             continue
@@ -294,7 +295,7 @@ def run_explain(args: argparse.Namespace) -> int:
 
         loaded = load_chosen_policy(args.rules)
     else:
-        loaded = load_layered_policy(Path.cwd())
+        loaded = load_layered_policy(working_directory())
     _report_state(loaded)
     policy = loaded.policy
     layers = {str(source.path): source.layer for source in loaded.sources}
@@ -310,18 +311,23 @@ def run_init(args: argparse.Namespace) -> int:
     target = paths.user_default_rules_file()
     if target.exists() and not args.force:
         raise ExecgateError(f"{target} already exists (use --force to replace it; it is kept)")
-    make_private_dir(target.parent)
-    if target.exists():  # --force: never lose what the user wrote
-        backup = target.with_name(f"{target.name}.{time.strftime('%Y%m%d-%H%M%S')}.bak")
-        target.rename(backup)
-        print(f"kept the previous file as {backup}")
-    write_atomically(target, default_rules_text().encode("utf-8"))
+    try:
+        make_private_dir(target.parent)
+        if target.exists():  # --force: never lose what the user wrote
+            backup = target.with_name(f"{target.name}.{time.strftime('%Y%m%d-%H%M%S')}.bak")
+            target.rename(backup)
+            print(f"kept the previous file as {backup}")
+        write_atomically(target, default_rules_text().encode("utf-8"))
+    except OSError as exc:
+        raise ExecgateError(
+            f"cannot write {target}: {exc.strerror} (set EXECGATE_HOME to a folder you can write)"
+        ) from None
     print(f"wrote the default policy to {target}")
     return 0
 
 
 def _directory(args: argparse.Namespace) -> Path:
-    directory: Path = args.directory or project_root(Path.cwd())
+    directory: Path = args.directory or project_root(working_directory())
     if not directory.is_dir():
         raise ExecgateError(f"{directory} is not a directory")
     return directory.resolve()

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from execgate.cli.options import add_gate_arguments
+from execgate.cli.options import add_gate_arguments, check_audit_file
+from execgate.cli.workdir import working_directory
 from execgate.config import load_config
 from execgate.errors import ExecgateError
 from execgate.gate import orphans
@@ -42,6 +43,8 @@ def run_command(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise ExecgateError("no command given: execgate run [OPTIONS] -- CMD...", exit_status=2)
+    working_directory()  # a deleted one: say so before anything starts
+    check_audit_file(args.audit)
     orphans.adopt_orphans()  # what a killed launcher leaves behind is ours to kill
     status = asyncio.run(_run(args, command))
     code = os.waitstatus_to_exitcode(status)
@@ -55,7 +58,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 async def _run(args: argparse.Namespace, command: list[str]) -> int:
     config = load_config()
-    cwd = os.getcwd()
+    cwd = str(working_directory())
     load = PolicySource(tuple(args.rules or ()), Path(cwd), config).load()
     for warning in load.warnings:
         print(f"execgate: warning: {warning}", file=sys.stderr)

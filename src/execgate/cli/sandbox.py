@@ -8,6 +8,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from execgate.cli.workdir import working_directory
 from execgate.sandbox import SandboxSpec, SandboxSupport, build_spec, probe, trial
 from execgate.sandbox.probe import (
     LANDLOCK_IOCTL_ABI,
@@ -90,7 +91,7 @@ def run_check(args: argparse.Namespace) -> int:
     print(f"bubblewrap:        {support.bwrap or 'not installed'}")
     print()
     print("profiles:")
-    cwd = Path.cwd()
+    cwd = working_directory()
     all_ok = True
     for label, spec in _profiles(cwd):
         refusal = support.problems(spec)

@@ -150,7 +150,13 @@ def trusted_projects() -> list[Path]:
         return []
     except OSError as exc:
         raise PolicyError(f"cannot read the trust list: {exc.strerror}", path=str(where)) from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError(_not_utf8(exc), path=str(where)) from None
     return [Path(p) for p in _read_trusted(text, where)]
+
+
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    return f"not UTF-8 text (byte {exc.start}); fix or remove the file"
 
 
 def trusted_project_folders() -> list[Path]:
@@ -169,12 +175,19 @@ def is_trusted(directory: Path, trusted: list[Path] | None = None) -> bool:
 
 def _update_trust(directory: Path, add: bool) -> bool:
     where = trust_file()
-    make_private_dir(where.parent)
     target = str(_canonical(directory))
-    fd = open_private(where, os.O_RDWR | os.O_CREAT)
+    try:
+        make_private_dir(where.parent)
+        fd = open_private(where, os.O_RDWR | os.O_CREAT)
+    except OSError as exc:
+        raise PolicyError(f"cannot write the trust list: {exc.strerror}", path=str(where)) from None
     with os.fdopen(fd, "r+", encoding="utf-8") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        trusted = _read_trusted(handle.read(), where)
+        try:
+            text = handle.read()
+        except UnicodeDecodeError as exc:
+            raise PolicyError(_not_utf8(exc), path=str(where)) from None
+        trusted = _read_trusted(text, where)
         if (target in trusted) == add:
             return False
         trusted = [*trusted, target] if add else [t for t in trusted if t != target]

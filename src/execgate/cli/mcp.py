@@ -35,6 +35,11 @@ def register(subparsers: Any) -> None:
             "starts is decided by policy, and prompts are put to the human through the client "
             "(elicitation) or answered with `execgate approvals`. Logs go to stderr."
         ),
+        examples=[
+            "codex mcp add execgate -- execgate mcp",
+            "uvx execgate mcp --sandbox read-only",
+            "execgate mcp --elicitation never   # answer with `execgate approvals`",
+        ],
     )
     parser.add_argument(
         "--shell",

@@ -28,8 +28,14 @@ def register(subparsers: Any) -> None:
         help="run a command with every program execution gated by policy",
         description=(
             "Run CMD in this terminal. Every program that CMD, or anything it starts, tries "
-            "to execute is decided by policy first; prompts appear on the terminal."
+            "to execute is decided by policy first; prompts appear on the terminal. Changed "
+            "rules files are reloaded during the run."
         ),
+        examples=[
+            "execgate run -- bash",
+            "execgate run --sandbox workspace-write -- make test",
+            "execgate run --on-prompt deny --audit audit.jsonl -- ./ci.sh",
+        ],
     )
     add_gate_arguments(parser, asks="on the terminal")
     add_sandbox_arguments(parser, default_mode="off")

@@ -1,7 +1,8 @@
 """Where rules come from, lowest layer first, and which projects are trusted.
 
-1. built-in default (``default.rules`` in this package), only when no other layer defines a
-   ``prefix_rule``;
+1. built-in default (``default.rules`` in this package), unless ``config.toml`` says
+   ``default_policy = false`` (rules of the user's own never switch it off: Codex writes a
+   rules file on "don't ask again", and that must not cost the protection);
 2. system: ``/etc/execgate/rules`` and Codex's ``/etc/codex/rules`` (see ``paths``);
 3. user: ``$EXECGATE_HOME/rules`` and Codex's ``$CODEX_HOME/rules``;
 4. project: ``<dir>/.execgate/rules`` and ``<dir>/.codex/rules`` for the repository root down to
@@ -275,7 +276,7 @@ def load_layered_policy(
         for path in rules_files_in(source.path):
             files.append((RulesSource(source.layer, path), compile_rules_file(path, cache=store)))
             watch.append(path)
-    if not any(file_rules.rules for _, file_rules in files):
+    if config.default_policy:
         default = default_rules_path()
         compiled = compile_rules_text(
             default_rules_text(), str(default), cache=cacheable(default, store)

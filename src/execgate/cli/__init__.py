@@ -14,7 +14,7 @@ from execgate.cli.parser import ExecgateParser
 from execgate.errors import ExecgateError
 
 # Modules under execgate.cli that add commands; each has register(subparsers).
-COMMAND_MODULES = ["check", "rules", "run", "sandbox", "mcp", "approvals"]
+COMMAND_MODULES = ["check", "rules", "run", "sandbox", "mcp", "approvals", "completion"]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
             "execgate COMMAND --help             # each command's options and examples",
         ],
     )
-    parser.add_argument("--version", action="version", version=f"execgate {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"execgate {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from execgate import __version__
 from execgate.cli.options import add_gate_arguments, check_audit_file
 from execgate.cli.workdir import working_directory
 from execgate.config import load_config
@@ -36,11 +37,15 @@ def register(subparsers: Any) -> None:
             "(elicitation) or answered with `execgate approvals`. Logs go to stderr."
         ),
         examples=[
-            "codex mcp add execgate -- execgate mcp",
+            "claude mcp add execgate -- execgate mcp",
             "uvx execgate mcp --sandbox read-only",
             "execgate mcp --elicitation never   # answer with `execgate approvals`",
         ],
     )
+    parser.add_argument(
+        "-V", "--version", action="version", version=f"execgate {__version__}",
+        help="print the version and exit (what an MCP client's config can check)",
+    )  # fmt: skip
     parser.add_argument(
         "--shell",
         metavar="PATH",

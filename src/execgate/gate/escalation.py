@@ -17,7 +17,8 @@ from typing import Protocol
 
 from execgate.gate.identity import FileId, files_named_by
 from execgate.gate.program import GatedExec, commands_to_judge, is_loader, loader_loads_an_auditor
-from execgate.policy import Decision, Evaluation, Policy, RuleMatch
+from execgate.policy import Decision, Evaluation, Policy, PolicyError, RuleMatch
+from execgate.policy.amend import allow_rule_line
 from execgate.visible import visible
 
 
@@ -284,7 +285,8 @@ class PolicyEscalation:
             offer_always=self._can_record_always(judgement),
         )
         if self._on_prompt_deny:
-            return Action(Verdict.DENY, _needs_approval(request, "prompts are set to deny"))
+            denial = no_one_to_ask(request, "prompts are set to deny (--on-prompt deny)")
+            return Action(Verdict.DENY, denial.reason or "")
         return Action(Verdict.ASK, approval=request)
 
     def resolve(self, request: ApprovalRequest, approval: Approval, *, confined: bool) -> Action:
@@ -320,12 +322,14 @@ def _needs_approval(request: ApprovalRequest, why_not_asked: str) -> str:
 
 def no_one_to_ask(request: ApprovalRequest, why: str) -> Approval:
     """A denial for a prompt nobody can answer, saying how to allow the command."""
-    pattern = ", ".join(f'"{t}"' for t in request.prefix)
+    try:  # the very line an "always" answer would write
+        rule = allow_rule_line(request.prefix)
+    except PolicyError:  # a prefix no allow rule can name (an empty token)
+        rule = "an allow rule for its prefix"
     return Approval(
         Answer.DENY,
         reason=(
-            f"{_needs_approval(request, why)}; to allow it, add "
-            f'prefix_rule(pattern=[{pattern}], decision="allow") to your rules '
+            f"{_needs_approval(request, why)}; to allow it, add {rule} to your rules "
             "(execgate rules explain shows the rule that asks)"
         ),
         by="execgate",

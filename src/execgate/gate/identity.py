@@ -246,7 +246,7 @@ def describe_path(path: str, cwd: str) -> tuple[ExecFile, tuple[Interpreter, ...
         try:
             file = exec_file(fd)
         except IdentityError as exc:
-            raise OSError(13, str(exc)) from None
+            raise OSError(13, f"Permission denied ({exc})") from None
         finally:
             os.close(fd)
         files.append(file)

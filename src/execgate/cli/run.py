@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -17,9 +18,11 @@ from execgate.errors import ExecgateError
 from execgate.gate import orphans
 from execgate.gate.askers import DenyingAsker, TerminalAsker
 from execgate.gate.escalation import Asker
-from execgate.gate.livepolicy import GatePolicy, PolicySource
+from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
+from execgate.gate.reload import Loaded, PolicyReloader
 from execgate.gate.session import AuditLog, EscalationSession, SessionDenied, log_escalations
 from execgate.sandbox import add_sandbox_arguments, sandbox_from_args
+from execgate.visible import VisibleFormatter
 
 
 def register(subparsers: Any) -> None:
@@ -65,7 +68,8 @@ def run_command(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace, command: list[str]) -> int:
     config = load_config()
     cwd = str(working_directory())
-    load = PolicySource(tuple(args.rules or ()), Path(cwd), config).load()
+    source = PolicySource(tuple(args.rules or ()), Path(cwd), config)
+    load = source.load()
     for warning in load.warnings:
         print(f"execgate: warning: {warning}", file=sys.stderr)
     gate = GatePolicy(
@@ -88,6 +92,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
     ended = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(signum, ended.set)
+    reloader = _reloader(source, gate, load)
     audit = AuditLog(args.audit) if args.audit else None
     log_escalations()
     session = await EscalationSession.open(
@@ -101,20 +106,47 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
         audit=audit,
     )
     try:
-        try:
-            process = await session.start(
-                command, cwd=cwd, env=os.environ, stdio={0: 0, 1: 1, 2: 2}
-            )
-        except SessionDenied as denied:
-            print(denied.message, file=sys.stderr)
-            return 126 << 8
-        waiting = asyncio.ensure_future(process.wait())
-        stopping = asyncio.ensure_future(ended.wait())
-        await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if waiting.done():
-            stopping.cancel()
-            return waiting.result()
-        waiting.cancel()
-        return signal.SIGTERM  # a wait status: killed by SIGTERM
+        async with reloader.watching():
+            return await _wait(session, command, cwd, ended)
     finally:
         await session.aclose()
+
+
+def _reloader(
+    source: PolicySource, gate: GatePolicy, first: PolicyLoad
+) -> PolicyReloader[PolicyLoad]:
+    """Changed rules files are reloaded during the run (as ``execgate mcp`` does); an edit
+    that does not load keeps the previous rules, and the terminal is told why."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(VisibleFormatter("execgate: %(message)s"))
+    logger = logging.getLogger("execgate.reload")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+    def load() -> Loaded[PolicyLoad]:
+        fresh = source.load()
+        for warning in fresh.warnings:
+            logger.warning("warning: %s", warning)
+        return Loaded(fresh, fresh.watch_paths)
+
+    return PolicyReloader(load, lambda loaded: gate.apply(loaded.value), first.watch_paths)
+
+
+async def _wait(
+    session: EscalationSession, command: list[str], cwd: str, ended: asyncio.Event
+) -> int:
+    """Start ``command`` in ``session``; its wait status (or SIGTERM's, when ``ended``)."""
+    try:
+        process = await session.start(command, cwd=cwd, env=os.environ, stdio={0: 0, 1: 1, 2: 2})
+    except SessionDenied as denied:
+        print(denied.message, file=sys.stderr)
+        return 126 << 8
+    waiting = asyncio.ensure_future(process.wait())
+    stopping = asyncio.ensure_future(ended.wait())
+    await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if waiting.done():
+        stopping.cancel()
+        return waiting.result()
+    waiting.cancel()
+    return signal.SIGTERM  # a wait status: killed by SIGTERM

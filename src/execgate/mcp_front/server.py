@@ -42,6 +42,7 @@ from execgate.config import Config
 from execgate.errors import ExecgateError
 from execgate.gate.escalation import Asker
 from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
+from execgate.gate.reload import Loaded, PolicyReloader
 from execgate.gate.session import SessionReserve, log_escalations
 from execgate.mcp_front.calls import CallSetup, ProgressPump, ShellCall
 from execgate.mcp_front.control import ControlServer
@@ -56,7 +57,6 @@ from execgate.mcp_front.elicitation import (
     elicit_request,
 )
 from execgate.mcp_front.malformed import AnsweringMalformed
-from execgate.mcp_front.reload import Loaded, PolicyReloader
 from execgate.mcp_front.tool import (
     TOOL_NAME,
     ToolArgumentError,

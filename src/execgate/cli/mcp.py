@@ -126,6 +126,7 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 
 def run_mcp(args: argparse.Namespace) -> int:
+    check_audit_file(args.audit)  # before the MCP SDK loads: a mistake is told at once
     from execgate.mcp_front import McpOptions, serve
 
     _configure_logging(args)
@@ -140,7 +141,6 @@ def run_mcp(args: argparse.Namespace) -> int:
     if args.reload_interval <= 0:
         raise ExecgateError("--reload-interval must be positive")
 
-    check_audit_file(args.audit)
     workspace = _workspace(args.workspace, cwd)
     # Fixed here, never by a call: the model picks a call's `workdir`, not what is writable.
     sandbox = sandbox_from_args(args, config.sandbox, cwd=workspace, default_mode="workspace-write")

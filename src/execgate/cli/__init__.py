@@ -14,7 +14,7 @@ from execgate.cli.parser import ExecgateParser
 from execgate.errors import ExecgateError
 
 # Modules under execgate.cli that add commands; each has register(subparsers).
-COMMAND_MODULES = ["check", "rules", "run", "sandbox", "mcp", "approvals", "completion"]
+COMMAND_MODULES = ["check", "rules", "run", "sandbox", "mcp", "approvals", "log", "completion"]
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from execgate import __version__
-from execgate.cli.options import add_gate_arguments, check_audit_file
+from execgate.cli.options import add_gate_arguments
 from execgate.cli.workdir import working_directory
 from execgate.config import load_config
+from execgate.decisionlog import open_front_log
 from execgate.errors import ExecgateError
 from execgate.gate import orphans
 from execgate.sandbox import (
@@ -126,7 +127,6 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 
 def run_mcp(args: argparse.Namespace) -> int:
-    check_audit_file(args.audit)  # before the MCP SDK loads: a mistake is told at once
     from execgate.mcp_front import McpOptions, serve
 
     _configure_logging(args)
@@ -153,6 +153,7 @@ def run_mcp(args: argparse.Namespace) -> int:
         exclude_tmpdir=args.sandbox_exclude_tmpdir,
     ).writable_roots
     require_support(sandbox)  # a profile this kernel cannot enforce: say so now
+    decisions = open_front_log("mcp", config, audit=args.audit)
     options = McpOptions(
         shell=_shell(args.shell),
         sandbox=sandbox,
@@ -162,6 +163,7 @@ def run_mcp(args: argparse.Namespace) -> int:
         rules=args.rules,
         default_login=args.default_login,
         audit=args.audit,
+        decisions=decisions,
         on_prompt_deny=args.on_prompt == "deny",
         elicitation=args.elicitation,
         reload_interval=args.reload_interval,

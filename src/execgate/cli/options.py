@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
-
-from execgate.errors import ExecgateError
-from execgate.files import open_private
 
 
 def add_gate_arguments(parser: argparse.ArgumentParser, *, asks: str) -> None:
@@ -33,14 +29,3 @@ def add_gate_arguments(parser: argparse.ArgumentParser, *, asks: str) -> None:
         help="append every exec decision (and every human answer) to FILE as JSON lines; "
         "every exec then asks the server",
     )
-
-
-def check_audit_file(path: Path | None) -> None:
-    """Refuse an ``--audit FILE`` that cannot be appended to before anything starts (a
-    folder, a missing parent, no permission), in one sentence."""
-    if path is None:
-        return
-    try:
-        os.close(open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT))
-    except OSError as exc:
-        raise ExecgateError(f"--audit {path}: {exc.strerror}") from None

@@ -11,16 +11,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from execgate.cli.options import add_gate_arguments, check_audit_file
+from execgate.cli.options import add_gate_arguments
 from execgate.cli.workdir import working_directory
 from execgate.config import load_config
+from execgate.decisionlog import open_front_log
 from execgate.errors import ExecgateError
 from execgate.gate import orphans
 from execgate.gate.askers import DenyingAsker, TerminalAsker
 from execgate.gate.escalation import Asker
 from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
 from execgate.gate.reload import Loaded, PolicyReloader
-from execgate.gate.session import AuditLog, EscalationSession, SessionDenied, log_escalations
+from execgate.gate.session import EscalationSession, SessionDenied, log_escalations
 from execgate.sandbox import add_sandbox_arguments, sandbox_from_args
 from execgate.visible import VisibleFormatter
 
@@ -53,7 +54,6 @@ def run_command(args: argparse.Namespace) -> int:
     if not command:
         raise ExecgateError("no command given: execgate run [OPTIONS] -- CMD...", exit_status=2)
     working_directory()  # a deleted one: say so before anything starts
-    check_audit_file(args.audit)
     orphans.adopt_orphans()  # what a killed launcher leaves behind is ours to kill
     status = asyncio.run(_run(args, command))
     code = os.waitstatus_to_exitcode(status)
@@ -93,7 +93,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(signum, ended.set)
     reloader = _reloader(source, gate, load)
-    audit = AuditLog(args.audit) if args.audit else None
+    decisions = open_front_log("run", config, audit=args.audit)
     log_escalations()
     session = await EscalationSession.open(
         live=gate.live,
@@ -103,13 +103,14 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
         gate_escalated=config.gate_escalated,
         clean_escalated_env=config.clean_escalated_env,
         approval_timeout=config.approval_timeout,
-        audit=audit,
+        decisions=decisions,
     )
     try:
         async with reloader.watching():
             return await _wait(session, command, cwd, ended)
     finally:
         await session.aclose()
+        decisions.close()
 
 
 def _reloader(

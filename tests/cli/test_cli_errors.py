@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -102,8 +103,8 @@ def _text(done: subprocess.CompletedProcess[bytes]) -> subprocess.CompletedProce
 
 
 def test_unwritable_home_mcp_still_serves(unprivileged) -> None:  # type: ignore[no-untyped-def]
-    """``execgate mcp`` works with a HOME it cannot write: its sockets go to a private folder
-    under $XDG_RUNTIME_DIR (else /tmp), and it says where; a gated call runs."""
+    """``execgate mcp`` works with a HOME it cannot write: its sockets and logs go to private
+    folders under $XDG_RUNTIME_DIR (else /tmp), and it says where; a gated call runs."""
     home = _readonly_home(unprivileged)
     work = unprivileged.make_dir()
     runtime = unprivileged.make_dir(prefix="egtest-runtime-")
@@ -151,4 +152,11 @@ def test_unwritable_home_mcp_still_serves(unprivileged) -> None:  # type: ignore
         assert said is not None, err
         socket = Path(said[1])
         assert socket.parent.parent == Path(where) and not socket.exists()  # gone at exit
+        # The logs (decision log, escalations) move the same way, and it says where.
+        moved = re.search(r"cannot be written; the logs are in (\S+)", err)
+        assert moved is not None, err
+        logs = Path(moved[1])
+        assert logs.parent == Path(where) and logs.name.startswith("execgate-log-"), err
+        assert (logs / "decisions.jsonl").stat().st_size > 0
+        shutil.rmtree(logs)
     assert not (home / ".execgate").exists()

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from execgate import __version__
+from execgate import __version__, paths
 from execgate.cli.options import add_gate_arguments
 from execgate.cli.workdir import working_directory
 from execgate.config import load_config
@@ -154,6 +154,9 @@ def run_mcp(args: argparse.Namespace) -> int:
     ).writable_roots
     require_support(sandbox)  # a profile this kernel cannot enforce: say so now
     decisions = open_front_log("mcp", config, audit=args.audit)
+    moved = paths.log_dir_moved()
+    if moved:
+        logging.getLogger("execgate.mcp").warning("%s", moved)
     options = McpOptions(
         shell=_shell(args.shell),
         sandbox=sandbox,

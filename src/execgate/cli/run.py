@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from execgate import paths
 from execgate.cli.options import add_gate_arguments
 from execgate.cli.workdir import working_directory
 from execgate.config import load_config
@@ -94,6 +95,9 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
         loop.add_signal_handler(signum, ended.set)
     reloader = _reloader(source, gate, load)
     decisions = open_front_log("run", config, audit=args.audit)
+    moved = paths.log_dir_moved()
+    if moved:
+        print(f"execgate: warning: {moved}", file=sys.stderr)
     log_escalations()
     session = await EscalationSession.open(
         live=gate.live,

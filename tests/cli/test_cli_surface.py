@@ -94,7 +94,7 @@ def test_bash_completion_offers_commands_and_options(world: World) -> None:
         return set(done.stdout.split())
 
     assert complete("ru") == {"rules", "run"}
-    assert complete("rules", "") == {"list", "test", "explain", "init"}
+    assert complete("rules", "") >= {"list", "test", "explain", "init"}
     assert {"--json", "--full"} <= complete("rules", "list", "--")
     assert complete("completion", "") == {"bash", "zsh", "fish"}
 
@@ -109,7 +109,7 @@ def test_fish_completion(world: World, tmp_path: Path) -> None:
         text=True,
     )
     offered = {line.split("\t")[0] for line in done.stdout.splitlines()}
-    assert offered == {"list", "test", "explain", "init"}, done
+    assert offered >= {"list", "test", "explain", "init"}, done
 
 
 @pytest.mark.skipif(not shutil.which("zsh"), reason="zsh is not installed")

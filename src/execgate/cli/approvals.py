@@ -83,8 +83,7 @@ def register(subparsers: Any) -> None:
             'rule line and its file, while it is there) and "for this session/run" answers '
             "(the session), with when and who answered."
         ),
-        epilog="example:\n  execgate approvals grants --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=["execgate approvals grants --json"],
     )
     grants.add_argument("--json", action="store_true", help="print JSON (one object)")
     grants.set_defaults(handler=run_grants)
@@ -97,8 +96,7 @@ def register(subparsers: Any) -> None:
             "removing its rule line from the file (the rest of the file stays byte for byte), a "
             "session grant by telling the running `execgate mcp` server to ask again."
         ),
-        epilog="example:\n  execgate approvals revoke 3f2a9c0b1d",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=["execgate approvals revoke 3f2a9c0b1d"],
     )
     revoke.add_argument("id", metavar="ID", help="the grant's ID")
     revoke.set_defaults(handler=run_revoke)

@@ -132,8 +132,7 @@ def register(subparsers: Any) -> None:
             "never a banned prefix (python3, bash -lc, env, sudo, git, ...). Prints .rules "
             "lines; nothing is written."
         ),
-        epilog="example:\n  execgate rules suggest --since 7d >> ~/.execgate/rules/default.rules",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=["execgate rules suggest --since 7d >> ~/.execgate/rules/default.rules"],
     )
     suggest.add_argument("--since", metavar="WHEN", help="only prompts since then (1h, 7d)")
     suggest.add_argument(

@@ -57,6 +57,9 @@ class OtelConfig:
 class Config:
     path: Path | None = None
     import_codex_rules: bool = True
+    # The built-in default policy (policy/default.rules) is loaded under every other layer;
+    # only an explicit `default_policy = false` turns it off.
+    default_policy: bool = True
     # Escalated programs stay gated (their own execs are still decided by policy).
     gate_escalated: bool = True
     # Seconds a pending approval waits for a human before it is denied.
@@ -193,12 +196,15 @@ def load_config(path: Path | None = None) -> Config:
         return Config()
     except OSError as exc:
         raise ExecgateError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ExecgateError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ExecgateError(f"{path}: invalid TOML: {exc}") from None
     known = {
         "import_codex_rules",
+        "default_policy",
         "gate_escalated",
         "approval_timeout",
         "clean_escalated_env",
@@ -224,6 +230,7 @@ def load_config(path: Path | None = None) -> Config:
         import_codex_rules=_check(
             path, "import_codex_rules", data.get("import_codex_rules", True), bool
         ),
+        default_policy=_check(path, "default_policy", data.get("default_policy", True), bool),
         gate_escalated=_check(path, "gate_escalated", data.get("gate_escalated", True), bool),
         approval_timeout=float(timeout),
         clean_escalated_env=clean,

@@ -18,7 +18,8 @@ from typing import Protocol
 from execgate.gate.content import NO_CONTENTS, ContentError, ContentIndex
 from execgate.gate.identity import FileId, files_named_by
 from execgate.gate.program import GatedExec, commands_to_judge, loader_loads_an_auditor
-from execgate.policy import Decision, Evaluation, Policy, RuleMatch
+from execgate.policy import Decision, Evaluation, Policy, PolicyError, RuleMatch
+from execgate.policy.amend import allow_rule_line
 from execgate.visible import visible
 
 
@@ -336,11 +337,8 @@ class PolicyEscalation:
             offer_always=self._can_record_always(judgement),
         )
         if self._on_prompt_deny:
-            return Action(
-                Verdict.DENY,
-                _needs_approval(request, "prompts are set to deny"),
-                judgement=judgement,
-            )
+            denial = no_one_to_ask(request, "prompts are set to deny (--on-prompt deny)")
+            return Action(Verdict.DENY, denial.reason or "", judgement=judgement)
         return Action(Verdict.ASK, approval=request, judgement=judgement)
 
     def _skill(self, exec_: GatedExec, script: str) -> Action:
@@ -360,7 +358,8 @@ class PolicyEscalation:
         if self._on_prompt_deny:
             return Action(
                 Verdict.DENY,
-                f"skill script {script} needs a human's approval; prompts are set to deny",
+                f"skill script {script} needs a human's approval; prompts are set to deny "
+                "(--on-prompt deny)",
             )
         return Action(Verdict.ASK, approval=request, judgement=request.judgement)
 
@@ -403,12 +402,14 @@ def _needs_approval(request: ApprovalRequest, why_not_asked: str) -> str:
 
 def no_one_to_ask(request: ApprovalRequest, why: str) -> Approval:
     """A denial for a prompt nobody can answer, saying how to allow the command."""
-    pattern = ", ".join(f'"{t}"' for t in request.prefix)
+    try:  # the very line an "always" answer would write
+        rule = allow_rule_line(request.prefix)
+    except PolicyError:  # a prefix no allow rule can name (an empty token)
+        rule = "an allow rule for its prefix"
     return Approval(
         Answer.DENY,
         reason=(
-            f"{_needs_approval(request, why)}; to allow it, add "
-            f'prefix_rule(pattern=[{pattern}], decision="allow") to your rules '
+            f"{_needs_approval(request, why)}; to allow it, add {rule} to your rules "
             "(execgate rules explain shows the rule that asks)"
         ),
         by="execgate",

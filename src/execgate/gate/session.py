@@ -54,7 +54,7 @@ from execgate.gate.snapshot import SealedSnapshot
 from execgate.policy import allow_rule_line
 from execgate.sandbox import SandboxSpec
 from execgate.sandbox.guarded import guard
-from execgate.visible import VisibleFormatter, visible
+from execgate.visible import VisibleFormatter, quote_word, visible
 
 log = logging.getLogger("execgate.session")
 # Every escalation (a program let out of the sandbox), for the record: front ends send it to
@@ -696,7 +696,7 @@ def resolve_command(name: str, *, cwd: str, path: str) -> str:
         candidate = os.path.join(cwd, directory or ".", name)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return os.path.normpath(candidate)
-    raise ExecgateError(f"{name}: command not found", exit_status=127)
+    raise ExecgateError(f"{quote_word(name)}: command not found", exit_status=127)
 
 
 def describe_exec(
@@ -710,8 +710,11 @@ def describe_exec(
     """A :class:`GatedExec` for a program execgate itself is about to start."""
     try:
         file, interpreters = describe_path(program, cwd, contents)
-    except OSError as exc:
-        raise ExecgateError(f"{program}: {exc.strerror}", exit_status=127) from None
+    except OSError as exc:  # as a shell says it: 127 not found, 126 found but cannot run
+        found = os.path.lexists(os.path.join(cwd, program))
+        raise ExecgateError(
+            f"{quote_word(program)}: {exc.strerror}", exit_status=126 if found else 127
+        ) from None
     return GatedExec(
         path=program,
         realpath=file.realpath,

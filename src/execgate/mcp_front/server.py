@@ -51,6 +51,7 @@ from execgate.gate.escalation import (
     Verdict,
 )
 from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
+from execgate.gate.reload import Loaded, PolicyReloader
 from execgate.gate.session import (
     SessionConfig,
     SessionReserve,
@@ -72,7 +73,6 @@ from execgate.mcp_front.elicitation import (
     elicit_request,
 )
 from execgate.mcp_front.malformed import AnsweringMalformed
-from execgate.mcp_front.reload import Loaded, PolicyReloader
 from execgate.mcp_front.tool import (
     TOOL_NAME,
     ShellOutcome,

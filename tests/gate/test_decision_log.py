@@ -273,3 +273,20 @@ def test_a_malformed_request_is_logged_as_a_fail_closed_refusal(gate: Gate) -> N
     assert refusal["reason"] == "malformed request: payload does not end with a NUL"
     assert isinstance(refusal["pid"], int) and refusal["pid"] > 0
     assert _execgate(gate, "log", "verify").returncode == 0
+
+
+def test_a_sandboxed_process_cannot_touch_the_log_inside_its_workspace(gate: Gate) -> None:
+    home = gate.root / "eg-home"  # the log inside the writable workspace
+    env = {"EXECGATE_HOME": str(home)}
+    gate.run("marker", env=env)
+    log = home / "log" / "decisions.jsonl"
+    before = log.read_bytes()
+    attack = (
+        f"echo '{{}}' >> {log}; : > {log}; rm -f {log}; mv {log} {log}.x; "
+        f"rm -rf {home}/log; echo tried"
+    )
+    result = gate.run(attack, env=env, options=["--sandbox", "workspace-write"])
+    assert b"tried" in result.stdout, result.stderr
+    assert log.read_bytes().startswith(before)  # only execgate appended
+    verified = _execgate(gate, "log", "verify", env=env)
+    assert verified.returncode == 0, verified.stdout

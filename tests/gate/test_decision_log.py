@@ -121,7 +121,9 @@ def test_a_bad_log_path_is_refused_at_start_in_one_line(gate: Gate) -> None:
     assert result.returncode == 1
     err = result.stderr.decode()
     assert err == (
-        f"execgate: error: cannot write the decision log {_log(gate)}: Not a directory\n"
+        f"execgate: error: cannot write the decision log {_log(gate)}: Not a directory (move it "
+        "with XDG_STATE_HOME or EXECGATE_HOME, or turn it off in config.toml: [log] enabled = "
+        "false)\n"
     ), err
     assert not gate.ran("marker")
     mcp = _execgate(gate, "mcp", "--rules", str(gate.rules))

@@ -67,6 +67,32 @@ class Config:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     log: LogConfig = field(default_factory=LogConfig)
     otel: OtelConfig = field(default_factory=OtelConfig)
+    # The tools `execgate mcp` offers (see MCP_TOOLS).
+    tools: tuple[str, ...] = ("shell",)
+    # Folders of agent skills whose <skill>/scripts/ programs always ask (None: the defaults,
+    # $CODEX_HOME/skills and $EXECGATE_HOME/skills).
+    skills_dirs: tuple[str, ...] | None = None
+
+
+#: Tools `execgate mcp` can offer: the one-shot shell, and unified exec's pair.
+MCP_TOOLS = ("shell", "exec_command", "write_stdin")
+
+
+def check_tools(names: tuple[str, ...], where: str) -> tuple[str, ...]:
+    """``names`` without repeats; "unified" stands for exec_command and write_stdin.
+    :class:`ExecgateError` for an unknown name or an empty list."""
+    expanded: list[str] = []
+    for name in names:
+        for one in ("exec_command", "write_stdin") if name == "unified" else (name,):
+            if one not in MCP_TOOLS:
+                raise ExecgateError(
+                    f"{where}: unknown tool {one!r} (known: {', '.join(MCP_TOOLS)}, unified)"
+                )
+            if one not in expanded:
+                expanded.append(one)
+    if not expanded:
+        raise ExecgateError(f"{where}: name at least one tool")
+    return tuple(expanded)
 
 
 _TOML_NAMES = {dict: "table", list: "array", str: "string", bool: "boolean", int: "integer",
@@ -177,6 +203,8 @@ def load_config(path: Path | None = None) -> Config:
         "approval_timeout",
         "clean_escalated_env",
         "sandbox",
+        "tools",
+        "skills_dirs",
         "log",
         "otel",
     }
@@ -200,6 +228,12 @@ def load_config(path: Path | None = None) -> Config:
         approval_timeout=float(timeout),
         clean_escalated_env=clean,
         sandbox=_sandbox(path, _check(path, "sandbox", data.get("sandbox", {}), dict)),
+        skills_dirs=_strings(path, "skills_dirs", data["skills_dirs"])
+        if "skills_dirs" in data
+        else None,
+        tools=check_tools(
+            _strings(path, "tools", data.get("tools", ["shell"])), f"{path}: `tools`"
+        ),
         log=_log(path, _check(path, "log", data.get("log", {}), dict)),
         otel=_otel(path, _check(path, "otel", data.get("otel", {}), dict)),
     )

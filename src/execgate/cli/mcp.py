@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from execgate.cli.options import add_gate_arguments
-from execgate.config import load_config
+from execgate.config import check_tools, load_config
 from execgate.decisionlog import open_front_log
 from execgate.errors import ExecgateError
 from execgate.gate import orphans
@@ -47,6 +47,12 @@ def register(subparsers: Any) -> None:
         action="store_false",
         help="when a call does not say `login`, run `bash -c` instead of `bash -lc` "
         "(skips the profile scripts)",
+    )
+    parser.add_argument(
+        "--tools",
+        metavar="LIST",
+        help="the tools to offer, comma-separated: shell, exec_command, write_stdin (unified "
+        "= both of the last two; default: tools in config.toml, else shell)",
     )
     add_gate_arguments(parser, asks="the human")
     parser.add_argument(
@@ -157,6 +163,9 @@ def run_mcp(args: argparse.Namespace) -> int:
         elicitation=args.elicitation,
         reload_interval=args.reload_interval,
         cwd=cwd,
+        tools=config.tools
+        if args.tools is None
+        else check_tools(tuple(n.strip() for n in args.tools.split(",") if n.strip()), "--tools"),
     )
     asyncio.run(serve(options))
     return 0

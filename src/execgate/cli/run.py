@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from execgate.cli.options import add_gate_arguments
 from execgate.config import load_config
 from execgate.decisionlog import open_front_log
@@ -18,7 +20,14 @@ from execgate.gate import orphans
 from execgate.gate.askers import DenyingAsker, TerminalAsker
 from execgate.gate.escalation import Asker
 from execgate.gate.livepolicy import GatePolicy, PolicySource
-from execgate.gate.session import EscalationSession, SessionDenied, log_escalations
+from execgate.gate.session import (
+    EscalationSession,
+    SessionCaller,
+    SessionConfig,
+    SessionDenied,
+    log_escalations,
+)
+from execgate.gate.skills import skill_scripts
 from execgate.sandbox import add_sandbox_arguments, sandbox_from_args
 
 
@@ -65,6 +74,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
         search_path=os.environ.get("PATH", os.defpath),
         ask_always=args.audit is not None,
         on_prompt_deny=args.on_prompt == "deny",
+        skills=skill_scripts(config),
     )
     asker: Asker
     if args.on_prompt == "deny":
@@ -77,20 +87,22 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
     # command; we outlive them to clean up. SIGTERM/SIGHUP end the whole session.
     for signum in (signal.SIGINT, signal.SIGQUIT):
         loop.add_signal_handler(signum, lambda: None)
-    ended = asyncio.Event()
+    # SIGTERM/SIGHUP cancel the wait for the command (then the session is closed).
+    waiting = anyio.CancelScope()
     for signum in (signal.SIGTERM, signal.SIGHUP):
-        loop.add_signal_handler(signum, ended.set)
+        loop.add_signal_handler(signum, waiting.cancel)
     decisions = open_front_log("run", config, audit=args.audit)
     log_escalations()
     session = await EscalationSession.open(
-        live=gate.live,
-        escalation=gate.escalation,
-        asker=gate.approvals.recording(asker),
-        sandbox=sandbox,
-        gate_escalated=config.gate_escalated,
-        clean_escalated_env=config.clean_escalated_env,
-        approval_timeout=config.approval_timeout,
-        decisions=decisions,
+        SessionConfig(
+            live=gate.live,
+            escalation=gate.escalation,
+            sandbox=sandbox,
+            gate_escalated=config.gate_escalated,
+            clean_escalated_env=config.clean_escalated_env,
+            approval_timeout=config.approval_timeout,
+        ),
+        SessionCaller(gate.approvals.recording(asker), decisions=decisions),
     )
     try:
         try:
@@ -100,14 +112,10 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
         except SessionDenied as denied:
             print(denied.message, file=sys.stderr)
             return 126 << 8
-        waiting = asyncio.ensure_future(process.wait())
-        stopping = asyncio.ensure_future(ended.wait())
-        await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if waiting.done():
-            stopping.cancel()
-            return waiting.result()
-        waiting.cancel()
-        return signal.SIGTERM  # a wait status: killed by SIGTERM
+        status: int = signal.SIGTERM  # a wait status: killed by SIGTERM, unless it exits
+        with waiting:
+            status = await process.wait()
+        return status
     finally:
         await session.aclose()
         decisions.close()

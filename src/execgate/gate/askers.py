@@ -58,6 +58,8 @@ def describe(request: ApprovalRequest) -> list[str]:
         f"execgate: `{exec_.display_judged()}` requires approval"
         + (f": {visible(justification, 1000)}" if justification else "")
     ]
+    if request.purpose:  # a permission request: the purpose says what, and why
+        lines = [f"execgate: {request.purpose}"]
     if exec_.argv0_differs():
         lines.append(f"  argv[0]: {quote_word(exec_.argv[0])} (the name the caller gave it)")
     if exec_.realpath and exec_.path != exec_.realpath:

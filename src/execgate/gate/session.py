@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -477,6 +478,11 @@ class EscalationSession:
         self._record(exec_, action)
         return self._encode(exec_, request, fds[-1], action)
 
+    @functools.cached_property
+    def sandbox_text(self) -> str:
+        """The session's sandbox profile in one line (the decision log's ``sandbox``)."""
+        return self.sandbox.describe() if self.sandbox else "off"
+
     def refused(self, peer: Peer, why: str) -> None:
         if self.decisions is not None:
             call = self.call
@@ -515,7 +521,7 @@ class EscalationSession:
             escalations.info("%s: %s", exec_.display(), action.reason)
         if self.decisions is not None:
             closed = closed or (action.judgement is None and bool(self.live.fail_closed_reason))
-            call, sandbox = self.call, self.sandbox
+            call, sandbox = self.call, self.sandbox_text
             self.decisions.record(
                 lambda: decision_entry(exec_, action, asked, closed, call, sandbox)
             )
@@ -638,7 +644,7 @@ def decision_entry(
     asked: tuple[ApprovalRequest, Approval] | None,
     closed: bool,
     call: int | None,
-    sandbox: SandboxSpec | None,
+    sandbox: str,
 ) -> dict[str, object]:
     """One decision as the decision log records it (built after the answer was sent)."""
     judgement = action.judgement
@@ -655,7 +661,7 @@ def decision_entry(
         "argv_cut": cut or None,
         "via": exec_.via,
         "decision": action.verdict.value,
-        "sandbox": sandbox.describe() if sandbox else "off",
+        "sandbox": sandbox,
     }
     if judgement is not None and judgement.decision is not None:
         entry["policy"] = judgement.decision.value

@@ -70,12 +70,23 @@ class SandboxSupport:
                     f"a private mount namespace to make the system read-only for root ({why}; "
                     "Landlock alone does not stop chmod, chown or utimes)"
                 )
+            elif spec.standin_table is not None:
+                missing.append(
+                    f"a private mount namespace for the kernel exec backstop (stand-ins over "
+                    f"the programs rules name; {why}; unprivileged user namespaces are off here)"
+                )
             elif spec.hidden_paths:
                 missing.append(
                     f"a private mount namespace to hide execgate's control sockets ({why}; "
                     "unprivileged user namespaces are off here)"
                 )
         return missing
+
+    @property
+    def exec_backstop(self) -> bool:
+        """Whether the kernel enforces the policy on execs the interposer does not see: the
+        stand-ins need a mount namespace, the ptrace/memfd rules seccomp."""
+        return self.mount_namespace is not None and self.seccomp
 
     @property
     def metadata_protected(self) -> bool:

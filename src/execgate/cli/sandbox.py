@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 from pathlib import Path
@@ -87,12 +88,21 @@ def run_check(args: argparse.Namespace) -> int:
     else:
         print("                   (without it: no .git protection; chmod/utimes/xattr on your")
         print("                   own files outside the writable roots are not prevented)")
+    if support.exec_backstop:
+        backstop = "active (every program a rule names is covered by a stand-in that asks"
+        backstop += "\n                   the server; ptrace denied; strict-exec: no executable memfd)"
+    else:
+        backstop = "unavailable: it needs a private mount namespace and seccomp; confined"
+        backstop += "\n                   profiles are refused"
+    print(f"exec backstop:     {backstop}")
     print(f"bubblewrap:        {support.bwrap or 'not installed'}")
     print()
     print("profiles:")
     cwd = Path.cwd()
     all_ok = True
     for label, spec in _profiles(cwd):
+        # Sessions always cover the programs rules name (the trial mounts a scratch stand-in).
+        spec = dataclasses.replace(spec, standin_table=Path("/"))
         refusal = support.problems(spec)
         if refusal:
             verdict = "unavailable: needs " + "; ".join(refusal)

@@ -11,6 +11,9 @@ Configurations:
   run (round trip)      a rule names `true` but does not match: every exec asks the server
   run, workspace-write  as "run (snapshot)", inside the workspace-write sandbox
   escalate              `true` allowed, in workspace-write: every exec is escalated
+  shadowed              a rule names `true` but does not match, in workspace-write: every exec
+                        is of its stand-in (docs/sandbox.md "The exec backstop"), asks the
+                        server and runs confined through the launcher
 Targets (issue #3): run <= 1.25x plain, escalate <= 2x plain. Codex's shell-tool MCP measures
 about 2.4x and 4.2x on the same kind of loop (shared/reference/anchor-observed.md).
 """
@@ -40,6 +43,10 @@ CONFIGS: dict[str, tuple[str | None, list[str]]] = {
         ["--sandbox", "workspace-write"],
     ),
     "escalate": ('prefix_rule(["true"], "allow")\n', ["--sandbox", "workspace-write"]),
+    "shadowed": (
+        'prefix_rule(["true", "--never"], "forbidden")\n',
+        ["--sandbox", "workspace-write"],
+    ),
 }
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
 import shutil
 import subprocess
@@ -60,7 +59,7 @@ ROUTES = [
     ("interposed", "marker"),
     ("syscall", "$T/backstop syscall $T/marker"),
     ("static", "$T/backstop-static syscall $T/marker"),
-    ("ctypes", "python3 -c \"$CTYPES\" $T/marker"),
+    ("ctypes", 'python3 -c "$CTYPES" $T/marker'),
     ("execveat", "$T/backstop execveat $T/marker"),
     ("dlsym", "$T/backstop dlsym $T/marker"),
     ("ldso", "$T/backstop ldso $T/marker"),
@@ -222,10 +221,14 @@ def test_no_route_runs_a_forbidden_program_in_mcp(attacker: Attacker, tools: Pat
             for mode, state in CODEX_STATES.items():
                 meta = None
                 if state is not None:
-                    meta = {"codex/sandbox-state-meta": {"sandboxPolicy": state,
-                                                         "sandboxCwd": str(attacker.work)}}
-                result = await client.call_tool("shell", _shell(attacker, _script(tools)),
-                                                meta=meta)  # fmt: skip
+                    meta = {
+                        "codex/sandbox-state-meta": {
+                            "sandboxPolicy": state,
+                            "sandboxCwd": str(attacker.work),
+                        }
+                    }
+                shell = _shell(attacker, _script(tools))
+                result = await client.call_tool("shell", shell, meta=meta)
                 outputs[mode] = payload(result)["output"]
             prompted = [
                 payload(await client.call_tool("shell", _shell(attacker, prompt)))["output"]
@@ -234,7 +237,7 @@ def test_no_route_runs_a_forbidden_program_in_mcp(attacker: Attacker, tools: Pat
         return outputs, prompted
 
     outputs, (allowed, denied) = asyncio.run(scenario())
-    for mode, output in outputs.items():
+    for output in outputs.values():
         _check(output)
     assert "route memfd: memfd_create failed: Operation not permitted" in outputs["strict-exec"]
     assert "this is a copy of the stand-in" in outputs["workspace-write"]
@@ -244,9 +247,7 @@ def test_no_route_runs_a_forbidden_program_in_mcp(attacker: Attacker, tools: Pat
     assert "smarker ran" not in denied and "rc=126" in denied, denied
 
 
-def test_a_prompt_on_a_static_binary_asks_at_the_terminal(
-    attacker: Attacker, tools: Path
-) -> None:
+def test_a_prompt_on_a_static_binary_asks_at_the_terminal(attacker: Attacker, tools: Path) -> None:
     """busybox's env execs the static smarker with a raw syscall: the stand-in asks at the
     terminal; allowed once it runs, denied it does not."""
     from gate.test_run_terminal import Terminal
@@ -279,4 +280,3 @@ def test_sandbox_check_reports_the_backstop(attacker: Attacker) -> None:
         argv = attacker.user.argv(argv)
     result = subprocess.run(argv, env=attacker.env, capture_output=True, text=True, timeout=60)
     assert re.search(r"exec backstop: +active", result.stdout), result.stdout
-

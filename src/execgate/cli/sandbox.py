@@ -90,7 +90,9 @@ def run_check(args: argparse.Namespace) -> int:
         print("                   own files outside the writable roots are not prevented)")
     if support.exec_backstop:
         backstop = "active (every program a rule names is covered by a stand-in that asks"
-        backstop += "\n                   the server; ptrace denied; strict-exec: no executable memfd)"
+        backstop += (
+            "\n                   the server; ptrace denied; strict-exec: no exec of memfds)"
+        )
     else:
         backstop = "unavailable: it needs a private mount namespace and seccomp; confined"
         backstop += "\n                   profiles are refused"

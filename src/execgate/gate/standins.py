@@ -139,7 +139,9 @@ class StandIns:
         return None
 
 
-def _open_chain(path: str, cwd: str, *, budget: int) -> list[tuple[int, tuple[bytes, bytes] | None]]:
+def _open_chain(
+    path: str, cwd: str, *, budget: int
+) -> list[tuple[int, tuple[bytes, bytes] | None]]:
     """Open ``path`` and, while it is a script, its interpreters (as the kernel would find
     them): each descriptor with its ``#!`` line (None for the last)."""
     opened: list[tuple[int, tuple[bytes, bytes] | None]] = []

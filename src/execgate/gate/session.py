@@ -249,9 +249,14 @@ class EscalationSession:
         self.interposer = native.native_path(native.INTERPOSER)
         self.wrapper = native.native_path(native.WRAPPER)
         # Inside a sandbox the programs rules name are covered by stand-ins (the kernel backstop).
-        self.standins = StandIns(self.dir / "standins", self.wrapper) if self.confined else None
-        if self.standins is not None:
-            self.standins.cover(live.rule_named)
+        self.standins: StandIns | None = None
+        if self.confined:
+            try:
+                self.standins = StandIns(self.dir / "standins", self.wrapper)
+                self.standins.cover(live.rule_named)
+            except BaseException:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise
         self._server: GateServer | None = None
         self._launcher: Launcher | None = None
         self._env_rules: EnvRules | None = None

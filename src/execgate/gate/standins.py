@@ -23,6 +23,7 @@ import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from execgate.errors import ExecgateError
 from execgate.files import write_atomically
 from execgate.gate.identity import SHEBANG_BUFFER, FileId, parse_shebang
 from execgate.gate.protocol import MAX_INTERPRETERS
@@ -79,9 +80,13 @@ class StandIns:
     them from (``table``: pairs of NUL-terminated paths, stand-in then program)."""
 
     def __init__(self, folder: Path, wrapper: Path) -> None:
-        line = f"#!{os.fspath(wrapper)} --shadow\n".encode()
-        if len(line) > _MAX_SHEBANG or b" " in os.fsencode(wrapper):
-            raise ValueError(f"the wrapper's path is too long for a #! line: {wrapper}")
+        line = b"#!" + os.fsencode(wrapper) + b" --shadow\n"
+        if len(line) > _MAX_SHEBANG or any(c in os.fsencode(wrapper) for c in b" \t\n"):
+            raise ExecgateError(
+                f"execgate's wrapper {wrapper} cannot be named in a #! line (longer than "
+                f"{_MAX_SHEBANG - 12} bytes, or with blanks): the sandbox's exec backstop needs "
+                "it; install execgate under a shorter path without spaces"
+            )
         self._line = line
         self.folder = folder
         self.table = folder.parent / "standins.table"

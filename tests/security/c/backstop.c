@@ -121,7 +121,7 @@ int main(int argc, char **argv)
         char words[8300];
         snprintf(words, sizeof words, "$(%s)", joined(args));
         wordexp_t we;
-        int r = wordexp(words, &we, 0);
+        int r = wordexp(words, &we, WRDE_SHOWERR);
         if (r != 0)
             return report("wordexp failed", 0);
         for (size_t i = 0; i < we.we_wordc; i++)

@@ -710,7 +710,13 @@ static void child(const struct spawn *s, const int *fds, struct report *out)
 
     char msg[MSG_CAP] = "";
     if (s->sandbox) {
-        r = sb_apply(&g_sandbox, s->cwd, msg, sizeof msg);
+        /* A confined claim runs the program a stand-in covers (protocol §7
+         * authorize-confined): leave that program uncovered in its own sandbox, so that a
+         * script's interpreter, which reads it by path, reads the script. */
+        struct sb_config confined = g_sandbox;
+        if (s->execfd >= 0)
+            confined.uncovered = s->path;
+        r = sb_apply(&confined, s->cwd, msg, sizeof msg);
         if (r < 0)
             child_fail(out, -r, "%s", msg[0] ? msg : strerror(-r));
     } else if (chdir(s->cwd) < 0) {

@@ -347,7 +347,7 @@ static int hide_dir(const char *path, char *msg, size_t cap)
  * The table is the server's: (stand-in, program) path pairs, each path NUL-terminated. A
  * program that does not exist (or is not a regular file) is skipped: nothing there to run.
  * Any other failure fails the spawn: a program left uncovered would run unasked. */
-static int shadow_programs(const char *table, char *msg, size_t cap)
+static int shadow_programs(const char *table, const char *uncovered, char *msg, size_t cap)
 {
     int fd = open(table, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0)
@@ -389,6 +389,8 @@ static int shadow_programs(const char *table, char *msg, size_t cap)
         at += strlen(program) + 1;
         struct stat pst;
         if (stat(program, &pst) < 0 || !S_ISREG(pst.st_mode))
+            continue;
+        if (uncovered && !strcmp(program, uncovered))
             continue;
         if (mount(standin, program, NULL, MS_BIND, NULL) < 0) {
             r = fail(msg, cap, errno, "cannot cover %s with its stand-in", program);
@@ -843,7 +845,7 @@ int sb_apply(const struct sb_config *c, const char *cwd, char *msg, size_t cap)
             if ((r = bind_readonly(carve.v[i], msg, cap)) < 0)
                 goto out;
         /* After the read-only pass (each stand-in is made read-only itself), before hiding. */
-        if (c->shadows && (r = shadow_programs(c->shadows, msg, cap)) < 0)
+        if (c->shadows && (r = shadow_programs(c->shadows, c->uncovered, msg, cap)) < 0)
             goto out;
         /* Last, so a hidden folder inside a carve-out is covered too. */
         for (int i = 0; i < c->hide.n; i++)

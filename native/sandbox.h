@@ -43,6 +43,9 @@ struct sb_config {
     struct sb_list hide;      /* --hide DIR: an empty read-only directory mounted over it */
     const char *shadows;      /* --shadows FILE: (stand-in, program) path pairs, each NUL-ended:
                                * every program a rule names is covered by its stand-in */
+    const char *uncovered;    /* not an option: the one program of the table left uncovered
+                               * (a confined claim's script, which its interpreter reads by
+                               * path); NULL: none */
 };
 
 /* The Landlock ABI the confined profiles need at least (TRUNCATE, Linux 6.2). */

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
+from execgate.gate.content import NO_CONTENTS, ContentError, ContentIndex
 from execgate.gate.identity import FileId, files_named_by
-from execgate.gate.program import GatedExec, commands_to_judge, is_loader, loader_loads_an_auditor
+from execgate.gate.program import GatedExec, commands_to_judge, loader_loads_an_auditor
 from execgate.policy import Decision, Evaluation, Policy, RuleMatch
 from execgate.visible import visible
 
@@ -68,10 +69,14 @@ def rule_location(match: RuleMatch) -> str:
 
 
 def judge(
-    policy: Policy, exec_: GatedExec, aliases: dict[tuple[int, int], tuple[str, ...]]
+    policy: Policy,
+    exec_: GatedExec,
+    aliases: dict[tuple[int, int], tuple[str, ...]],
+    contents: ContentIndex = NO_CONTENTS,
 ) -> Judgement:
+    """``ContentError`` when the loader's target cannot be compared with rule-named files."""
     best = Judgement(decision=None, command=[exec_.path, *exec_.argv[1:]], evaluation=None)
-    for command, file in commands_to_judge(exec_, aliases=aliases):
+    for command, file in commands_to_judge(exec_, aliases=aliases, contents=contents):
         evaluation = policy.evaluate(command, cwd=exec_.cwd, resolve_host_executables=True)
         if evaluation.decision is not None and (
             best.decision is None or evaluation.decision > best.decision
@@ -122,10 +127,14 @@ class JudgementCache:
         self._entries: dict[tuple[object, ...], Judgement] = {}
 
     def judge(
-        self, policy: Policy, exec_: GatedExec, aliases: dict[tuple[int, int], tuple[str, ...]]
+        self,
+        policy: Policy,
+        exec_: GatedExec,
+        aliases: dict[tuple[int, int], tuple[str, ...]],
+        contents: ContentIndex,
     ) -> Judgement:
-        if exec_.interpreters or is_loader(exec_.realpath or exec_.path):
-            return judge(policy, exec_, aliases)
+        if exec_.interpreters or exec_.runs_loader:
+            return judge(policy, exec_, aliases, contents)
         if (
             policy is not self._policy
             or aliases is not self._aliases
@@ -133,7 +142,15 @@ class JudgementCache:
         ):
             self._entries.clear()
             self._policy, self._aliases = policy, aliases
-        key = (exec_.path, exec_.realpath, exec_.dev, exec_.ino, exec_.cwd, exec_.argv)
+        key = (
+            exec_.path,
+            exec_.realpath,
+            exec_.dev,
+            exec_.ino,
+            exec_.content_names,
+            exec_.cwd,
+            exec_.argv,
+        )
         found = self._entries.get(key)
         if found is None:
             found = self._entries[key] = judge(policy, exec_, aliases)
@@ -226,12 +243,14 @@ class PolicyEscalation:
         policy: Callable[[], Policy],
         *,
         aliases: Callable[[], dict[tuple[int, int], tuple[str, ...]]] = dict,
+        contents: Callable[[], ContentIndex] = lambda: NO_CONTENTS,
         user_approves: Callable[[Judgement], bool] = lambda _: False,
         can_record_always: Callable[[Judgement], bool] = lambda _: True,
         on_prompt_deny: bool = False,
     ) -> None:
         self._policy = policy
         self._aliases = aliases
+        self._contents = contents
         self._user_approves = user_approves
         self._can_record_always = can_record_always
         self._on_prompt_deny = on_prompt_deny
@@ -263,7 +282,14 @@ class PolicyEscalation:
         return Action(verdict, why_not or leaving, judgement=judgement, granted=granted)
 
     def decide(self, exec_: GatedExec, *, confined: bool) -> Action:
-        judgement = self._judgements.judge(self._policy(), exec_, self._aliases())
+        try:
+            judgement = self._judgements.judge(
+                self._policy(), exec_, self._aliases(), self._contents()
+            )
+        except ContentError as exc:
+            return Action(
+                Verdict.DENY, f"the loaded program cannot be told from a program rules name: {exc}"
+            )
         if loader_loads_an_auditor(exec_):
             return Action(Verdict.DENY, "the loader's --audit library could remove the exec gate")
         if judgement.decision is None:

@@ -1,9 +1,9 @@
 """The policy a front end gates with, and what the interposer needs from it.
 
 Built once per policy load and shared by every session of the front end (an MCP server opens a
-session per tool call): the policy, its snapshot for the interposer's fast path, and the alias
-table. A reload swaps all three at once and tells every open session to publish the new
-snapshot.
+session per tool call): the policy, its snapshot for the interposer's fast path, the alias
+table and the content index. A reload swaps them all at once and tells every open session to
+publish the new snapshot.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from execgate.config import Config
 from execgate.gate.approvals import UserApprovals
+from execgate.gate.content import NO_CONTENTS, ContentIndex
 from execgate.gate.escalation import PolicyEscalation
 from execgate.gate.folderwatch import FolderWatch
 from execgate.gate.snapshot import build_snapshot
@@ -44,6 +45,7 @@ class LivePolicy:
         self._watch = FolderWatch()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.aliases: dict[tuple[int, int], tuple[str, ...]] = {}
+        self.contents = NO_CONTENTS
         self._set(policy, fail_closed_reason)
 
     def _set(self, policy: Policy, fail_closed_reason: str | None) -> None:
@@ -63,6 +65,7 @@ class LivePolicy:
         self.rule_named = rule_named_paths(
             self.aliases, policy.host_executables, search_path=self.search_path
         )
+        self.contents = snapshot.contents
         # Fail-closed requirements deny everything: every exec must reach the server.
         self.snapshot = snapshot.encode(ask_always=self.ask_always or bool(fail_closed_reason))
 
@@ -84,6 +87,12 @@ class LivePolicy:
             if self.snapshot != published:
                 self._publish()
         return self.aliases
+
+    def current_contents(self) -> ContentIndex:
+        """The content index of the rule-named files as they are now (see
+        :meth:`current_aliases`)."""
+        self.current_aliases()
+        return self.contents
 
     def watch_in(self, loop: asyncio.AbstractEventLoop) -> None:
         """Republish the snapshot as soon as a watched folder changes (idempotent)."""
@@ -161,6 +170,7 @@ class GatePolicy:
         self.escalation = PolicyEscalation(
             lambda: self.live.policy,
             aliases=self.live.current_aliases,
+            contents=self.live.current_contents,
             user_approves=lambda judgement: self.approvals.covers(judgement),
             can_record_always=lambda judgement: self.approvals.can_record(judgement),
             on_prompt_deny=on_prompt_deny,

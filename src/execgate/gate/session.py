@@ -30,6 +30,7 @@ from execgate.files import make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
 from execgate.gate.askers import DenyingAsker
 from execgate.gate.cleanenv import cleaned_variables
+from execgate.gate.content import NO_CONTENTS, ContentIndex
 from execgate.gate.escalation import (
     Action,
     Approval,
@@ -393,7 +394,9 @@ class EscalationSession:
     ) -> LaunchedProcess:
         """Gate and start the session's own command (as if the session exec'd it)."""
         program = resolve_command(argv[0], cwd=cwd, path=env.get("PATH", os.defpath))
-        exec_ = describe_exec(program, argv, cwd=cwd, via="session")
+        exec_ = describe_exec(
+            program, argv, cwd=cwd, via="session", contents=self.live.current_contents()
+        )
         asked = None
         if self.live.fail_closed_reason:  # nothing runs, not even a shell's builtins
             action = Action(Verdict.DENY, self.live.fail_closed_reason)
@@ -474,7 +477,8 @@ class EscalationSession:
         standin: bool,
     ) -> Answer:
         try:
-            program, interpreters = inspect_descriptors(fds, claimed)
+            contents = self.live.current_contents()
+            program, interpreters = inspect_descriptors(fds, claimed, contents)
         except IdentityError as exc:
             exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
             log.info("gate: refused a request from pid %d: %s", peer.pid, exc)
@@ -741,10 +745,17 @@ def resolve_command(name: str, *, cwd: str, path: str) -> str:
     raise ExecgateError(f"{name}: command not found", exit_status=127)
 
 
-def describe_exec(program: str, argv: Sequence[str], *, cwd: str, via: str) -> GatedExec:
+def describe_exec(
+    program: str,
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    via: str,
+    contents: ContentIndex = NO_CONTENTS,
+) -> GatedExec:
     """A :class:`GatedExec` for a program execgate itself is about to start."""
     try:
-        file, interpreters = describe_path(program, cwd)
+        file, interpreters = describe_path(program, cwd, contents)
     except OSError as exc:
         raise ExecgateError(f"{program}: {exc.strerror}", exit_status=127) from None
     return GatedExec(
@@ -759,6 +770,7 @@ def describe_exec(program: str, argv: Sequence[str], *, cwd: str, via: str) -> G
         ppid=os.getppid(),
         via=via,
         leaves_gate=runs_file(file, interpreters).leaves_gate,
+        content_names=file.content_names,
     )
 
 

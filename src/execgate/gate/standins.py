@@ -88,6 +88,8 @@ class StandIns:
                 "it; install execgate under a shorter path without spaces"
             )
         self._line = line
+        # The `#!` claim of a well-formed request for a stand-in (its interpreter: the wrapper).
+        self._claim = (os.fsencode(wrapper), b"--shadow")
         self.folder = folder
         self.table = folder.parent / "standins.table"
         folder.mkdir(mode=0o700)
@@ -137,6 +139,13 @@ class StandIns:
             program = self.program_of(fd)
             if program is None:
                 continue
+            # Only the shapes an exec of a stand-in has: the last descriptor, or the last
+            # script run by the wrapper (the last descriptor). Anything else is judged as sent
+            # (and refused): extra descriptors are never dropped silently.
+            if len(fds) != len(claimed) + 1 or level < len(fds) - 2:
+                return None
+            if level == len(fds) - 2 and claimed[level] != self._claim:
+                return None
             opened = _open_chain(program, cwd, budget=MAX_INTERPRETERS - level)
             chain = [fd for fd, _ in opened]
             lines = [line for _, line in opened if line is not None]

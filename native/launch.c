@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -1571,7 +1572,7 @@ static int control_step(void)
 
 static void usage(void)
 {
-    note("usage: execgate-launch --control FD [--claim-fd FD] "
+    note("usage: execgate-launch --control FD [--claim-fd FD] [--terminal FD] "
          "[--sandbox read-only|workspace-write|off] "
          "[--writable DIR]... [--readonly PATH]... [--protect NAME]... [--hide DIR]... "
          "[--network] [--strict-exec] [--exec-dir PATH]...\n"
@@ -1593,7 +1594,7 @@ static int parse_fd(const char *opt, const char *text, long long *out)
 int main(int argc, char **argv)
 {
     int probe = 0;
-    long long control = -1, claim = -1;
+    long long control = -1, claim = -1, terminal = -1;
     char err[256];
     /* Claim buffers of 1 MiB and more are mapped and go back to the system when freed (a
      * fixed threshold: glibc's adaptive one would keep them in the heap after the first). */
@@ -1613,6 +1614,9 @@ int main(int argc, char **argv)
                 return 2;
         } else if (!strcmp(argv[i], "--claim-fd") && i + 1 < argc) {
             if (parse_fd("--claim-fd", argv[++i], &claim) < 0)
+                return 2;
+        } else if (!strcmp(argv[i], "--terminal") && i + 1 < argc) {
+            if (parse_fd("--terminal", argv[++i], &terminal) < 0)
                 return 2;
         } else {
             usage();
@@ -1638,6 +1642,17 @@ int main(int argc, char **argv)
         g_claim = (int)claim;
         fcntl(g_claim, F_SETFD, FD_CLOEXEC);
         fcntl(g_claim, F_SETFL, fcntl(g_claim, F_GETFL) | O_NONBLOCK);
+    }
+    if (terminal >= 0) {
+        /* A session leader (the server started us with setsid) takes the terminal as its
+         * controlling terminal, so a main spawn in a group of its own gets it (Ctrl-C reaches
+         * that group) and /dev/tty works for its programs. */
+        if (ioctl((int)terminal, TIOCSCTTY, 0) < 0) {
+            note("--terminal: cannot make descriptor %lld our terminal: %s", terminal,
+                 strerror(errno));
+            return 2;
+        }
+        close((int)terminal);
     }
     g_uid = geteuid();
 

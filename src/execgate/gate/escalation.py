@@ -18,7 +18,8 @@ from typing import Protocol
 from execgate.gate.content import NO_CONTENTS, ContentError, ContentIndex
 from execgate.gate.identity import FileId, files_named_by
 from execgate.gate.program import GatedExec, commands_to_judge, loader_loads_an_auditor
-from execgate.policy import Decision, Evaluation, Policy, RuleMatch
+from execgate.policy import Decision, Evaluation, Policy, PolicyError, RuleMatch
+from execgate.policy.amend import allow_rule_line
 from execgate.visible import visible
 
 
@@ -167,6 +168,10 @@ class ApprovalRequest:
     # The prefix an "allow for this session" / "always" answer would approve.
     prefix: tuple[str, ...]
     offer_always: bool
+    # Set for a request that is not an exec's (an MCP permission request): what is asked.
+    purpose: str = ""
+    # A skill script's canonical path: it always asks; "for this session" approves that path.
+    skill_script: str = ""
 
     def summary(self) -> str:
         why = self.judgement.justification() or "requires approval by policy"
@@ -247,8 +252,11 @@ class PolicyEscalation:
         user_approves: Callable[[Judgement], bool] = lambda _: False,
         can_record_always: Callable[[Judgement], bool] = lambda _: True,
         on_prompt_deny: bool = False,
+        skill_script: Callable[[GatedExec], str | None] = lambda _: None,
     ) -> None:
         self._policy = policy
+        self._skill_script = skill_script
+        self.approved_skill_scripts: set[str] = set()
         self._aliases = aliases
         self._contents = contents
         self._user_approves = user_approves
@@ -292,6 +300,9 @@ class PolicyEscalation:
             )
         if loader_loads_an_auditor(exec_):
             return Action(Verdict.DENY, "the loader's --audit library could remove the exec gate")
+        script = self._skill_script(exec_)
+        if script is not None:
+            return self._skill(exec_, script)
         if judgement.decision is None:
             # Runs in place: inside the sandbox no-new-privs makes the kernel ignore set-id
             # bits and capabilities; outside (sandbox off, escalated callers) it would not.
@@ -326,17 +337,42 @@ class PolicyEscalation:
             offer_always=self._can_record_always(judgement),
         )
         if self._on_prompt_deny:
+            denial = no_one_to_ask(request, "prompts are set to deny (--on-prompt deny)")
+            return Action(Verdict.DENY, denial.reason or "", judgement=judgement)
+        return Action(Verdict.ASK, approval=request, judgement=judgement)
+
+    def _skill(self, exec_: GatedExec, script: str) -> Action:
+        """A skill script: whatever the rules say, a human decides (it runs in place)."""
+        if script in self.approved_skill_scripts:
+            return Action(Verdict.RUN, f"skill script {script}, approved for this session")
+        request = ApprovalRequest(
+            id=f"{next(_ids)}",
+            exec=exec_,
+            judgement=Judgement(Decision.PROMPT, [script, *exec_.argv[1:]], None),
+            prefix=(script,),
+            offer_always=False,
+            purpose=f"skill script `{visible(script, 500)}` wants to run (skill scripts "
+            "always ask)",
+            skill_script=script,
+        )
+        if self._on_prompt_deny:
             return Action(
                 Verdict.DENY,
-                _needs_approval(request, "prompts are set to deny"),
-                judgement=judgement,
+                f"skill script {script} needs a human's approval; prompts are set to deny "
+                "(--on-prompt deny)",
             )
-        return Action(Verdict.ASK, approval=request, judgement=judgement)
+        return Action(Verdict.ASK, approval=request, judgement=request.judgement)
 
     def resolve(self, request: ApprovalRequest, approval: Approval, *, confined: bool) -> Action:
         if approval.answer == Answer.DENY:
             reason = approval.reason or "declined by the user"
             return Action(Verdict.DENY, reason, judgement=request.judgement)
+        if request.skill_script:
+            if approval.answer != Answer.ALLOW_ONCE:
+                self.approved_skill_scripts.add(request.skill_script)
+            return Action(
+                Verdict.RUN, f"skill script approved by {approval.by}", judgement=request.judgement
+            )
         if approval.answer in (Answer.ALLOW_SESSION, Answer.ALLOW_ALWAYS):
             self.approvals.prefixes.update(
                 tuple(m.matched_prefix) for m in request.judgement.deciding_matches()
@@ -366,12 +402,14 @@ def _needs_approval(request: ApprovalRequest, why_not_asked: str) -> str:
 
 def no_one_to_ask(request: ApprovalRequest, why: str) -> Approval:
     """A denial for a prompt nobody can answer, saying how to allow the command."""
-    pattern = ", ".join(f'"{t}"' for t in request.prefix)
+    try:  # the very line an "always" answer would write
+        rule = allow_rule_line(request.prefix)
+    except PolicyError:  # a prefix no allow rule can name (an empty token)
+        rule = "an allow rule for its prefix"
     return Approval(
         Answer.DENY,
         reason=(
-            f"{_needs_approval(request, why)}; to allow it, add "
-            f'prefix_rule(pattern=[{pattern}], decision="allow") to your rules '
+            f"{_needs_approval(request, why)}; to allow it, add {rule} to your rules "
             "(execgate rules explain shows the rule that asks)"
         ),
         by="execgate",

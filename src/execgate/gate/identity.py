@@ -261,7 +261,7 @@ def describe_path(
         try:
             file = exec_file(fd, contents)
         except IdentityError as exc:
-            raise OSError(13, str(exc)) from None
+            raise OSError(13, f"Permission denied ({exc})") from None
         finally:
             os.close(fd)
         files.append(file)

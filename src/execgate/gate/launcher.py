@@ -190,6 +190,7 @@ class Launcher:
         new_session: bool,
         stderr: int | None = None,
         claim_path: Path | None = None,
+        terminal: int | None = None,
     ) -> Launcher:
         """Start a launcher whose ``sandboxed`` spawns are confined by ``sandbox``.
 
@@ -199,7 +200,11 @@ class Launcher:
         ``stderr``: where the launcher's own diagnostics go (default: inherited).
         ``claim_path``: where the launcher listens for escalation claims (§4), a socket created
         here, mode 0600, in a folder only we can write to; without it nothing can be claimed.
+        ``terminal``: a terminal (a PTY's follower side) the launcher makes its controlling
+        terminal (needs ``new_session``); a main spawn with ``pgid=0`` then gets it.
         """
+        if terminal is not None and not new_session:
+            raise ValueError("a launcher takes a terminal only in a process session of its own")
         if sandbox is not None:
             if sandbox.strict_exec:  # the gate's own wrapper must stay executable
                 gate = [native_path(WRAPPER), native_path(INTERPOSER)]
@@ -214,6 +219,9 @@ class Launcher:
             if claims is not None:
                 args += ["--claim-fd", str(claims.fileno())]
                 passed.append(claims.fileno())
+            if terminal is not None:
+                args += ["--terminal", str(terminal)]
+                passed.append(terminal)
             if sandbox is not None:
                 args += sandbox.launcher_args()
             try:

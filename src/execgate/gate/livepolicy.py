@@ -18,6 +18,7 @@ from execgate.gate.approvals import UserApprovals
 from execgate.gate.content import NO_CONTENTS, ContentIndex
 from execgate.gate.escalation import PolicyEscalation
 from execgate.gate.folderwatch import FolderWatch
+from execgate.gate.skills import SkillScripts
 from execgate.gate.snapshot import build_snapshot
 from execgate.gate.standins import rule_named_paths
 from execgate.policy import LoadedPolicy, Policy, load_chosen_policy, load_layered_policy
@@ -38,9 +39,11 @@ class LivePolicy:
         search_path: str,
         fail_closed_reason: str | None = None,
         ask_always: bool = False,
+        skills: SkillScripts | None = None,
     ) -> None:
         self.search_path = search_path
         self.ask_always = ask_always
+        self.skills = skills
         self._listeners: list[Listener] = []
         self._watch = FolderWatch()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -54,9 +57,15 @@ class LivePolicy:
         # A folder first watched now may have changed since the build: build again (the
         # folders a build finds depend on the files it finds, hence a few rounds).
         for _ in range(4):
+            # Skill scripts and the interpreters that may be given one must reach the server.
+            skills = self.skills.snapshot_tokens() if self.skills else []
             snapshot = build_snapshot(
-                policy.first_tokens(), dict(policy.host_executables), search_path=self.search_path
+                [*policy.first_tokens(), *skills],
+                dict(policy.host_executables),
+                search_path=self.search_path,
             )
+            if self.skills:
+                snapshot.folders |= self.skills.watch_folders()
             if not self._watch.watch(snapshot.folders):
                 break
         if snapshot.aliases != self.aliases:  # else keep the judgements made with them cached
@@ -159,12 +168,14 @@ class GatePolicy:
         search_path: str,
         ask_always: bool = False,
         on_prompt_deny: bool = False,
+        skills: SkillScripts | None = None,
     ) -> None:
         self.live = LivePolicy(
             load.policy,
             search_path=search_path,
             fail_closed_reason=load.fail_closed_reason,
             ask_always=ask_always,
+            skills=skills,
         )
         self.approvals = _approvals(load)
         self.escalation = PolicyEscalation(
@@ -174,6 +185,7 @@ class GatePolicy:
             user_approves=lambda judgement: self.approvals.covers(judgement),
             can_record_always=lambda judgement: self.approvals.can_record(judgement),
             on_prompt_deny=on_prompt_deny,
+            skill_script=skills.script_of if skills else lambda _: None,
         )
 
     def apply(self, load: PolicyLoad) -> None:

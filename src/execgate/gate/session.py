@@ -19,16 +19,20 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
+
+import anyio
+import anyio.abc
 
 from execgate import native, paths
 from execgate.decisionlog.recorder import DecisionLog, bounded_argv
 from execgate.errors import ExecgateError
 from execgate.files import make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
-from execgate.gate.askers import DenyingAsker
 from execgate.gate.cleanenv import cleaned_variables
 from execgate.gate.content import NO_CONTENTS, ContentIndex
 from execgate.gate.escalation import (
@@ -51,7 +55,7 @@ from execgate.gate.standins import StandIns
 from execgate.policy import allow_rule_line
 from execgate.sandbox import SandboxSpec
 from execgate.sandbox.guarded import guard
-from execgate.visible import VisibleFormatter, visible
+from execgate.visible import VisibleFormatter, quote_word, visible
 
 log = logging.getLogger("execgate.session")
 # Every escalation (a program let out of the sandbox), for the record: front ends send it to
@@ -180,46 +184,83 @@ def remove_stale_session_dirs(bases: Sequence[Path]) -> list[Path]:
     return removed
 
 
+@dataclass(frozen=True)
+class SessionConfig:
+    r"""How a session is opened: one value, passed once. Two sessions opened with equal
+    :attr:`key`\ s are interchangeable (:class:`SessionReserve` relies on it)."""
+
+    live: LivePolicy
+    escalation: EscalationPolicy
+    sandbox: SandboxSpec | None = None
+    #: The environment the session starts from (default: the server's own, at open()).
+    base_env: Mapping[str, str] | None = None
+    gate_escalated: bool = True
+    approval_timeout: float = 300.0
+    #: The launcher (and so the whole tree) gets a process session of its own, detached from
+    #: any terminal (the MCP server); otherwise it stays in ours.
+    new_process_session: bool = False
+    clean_escalated_env: tuple[str, ...] = ()
+    #: A terminal (PTY follower) the launcher makes its controlling terminal (needs
+    #: ``new_process_session``): the main program, started with ``pgid=0``, gets it.
+    terminal: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.base_env is not None:
+            object.__setattr__(self, "base_env", MappingProxyType(dict(self.base_env)))
+        object.__setattr__(self, "clean_escalated_env", tuple(self.clean_escalated_env))
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        env = self.base_env
+        return (
+            id(self.live),
+            id(self.escalation),
+            self.sandbox,
+            None if env is None else tuple(sorted(env.items())),
+            self.gate_escalated,
+            self.approval_timeout,
+            self.new_process_session,
+            self.clean_escalated_env,
+            self.terminal,
+        )
+
+
+@dataclass(frozen=True)
+class SessionCaller:
+    """Whoever starts the session's command: who answers its questions, who is told when one
+    starts and ends (``on_ask(True)`` / ``on_ask(False)``), where its decisions are logged."""
+
+    asker: Asker
+    on_ask: Callable[[bool], None] | None = None
+    decisions: DecisionLog | None = field(default=None, compare=False)
+    call: int | None = None  # the tool call its decisions are logged under
+
+
 class EscalationSession:
     """Create with :meth:`open`; always :meth:`aclose` (or use ``async with``)."""
 
-    def __init__(
-        self,
-        *,
-        live: LivePolicy,
-        escalation: EscalationPolicy,
-        asker: Asker,
-        sandbox: SandboxSpec | None,
-        base_env: Mapping[str, str],
-        gate_escalated: bool,
-        approval_timeout: float,
-        decisions: DecisionLog | None,
-        on_ask: Callable[[bool], None] | None,
-        clean_escalated_env: Sequence[str] = (),
-    ) -> None:
-        self.live = live
-        self.escalation = escalation
-        self.asker = asker
-        self.sandbox = sandbox
+    def __init__(self, config: SessionConfig, caller: SessionCaller | None) -> None:
+        self.config = config
+        self.live = config.live
+        self.escalation = config.escalation
+        sandbox = self.sandbox = config.sandbox
         self.confined = sandbox is not None and sandbox.confines
-        self.base_env = dict(base_env)
-        self.gate_escalated = gate_escalated
-        self.cleaned = cleaned_variables(clean_escalated_env)
-        self.approval_timeout = approval_timeout
+        self.base_env = dict(os.environ if config.base_env is None else config.base_env)
+        self.gate_escalated = config.gate_escalated
+        self.cleaned = cleaned_variables(config.clean_escalated_env)
+        self.approval_timeout = config.approval_timeout
         self.token = secrets.token_hex(16)
         self.escalated_token = secrets.token_hex(16)
-        # Who answers questions, who is told when one starts/ends, where decisions are logged
-        # (and under which tool call): they belong to whoever starts the session and may be
-        # replaced until start().
-        self.decisions = decisions
-        self.call: int | None = None
-        self.on_ask = on_ask
-        self._closing = asyncio.Event()
+        # Set once, before anything of the session runs (None: a reserve's spare, see attach).
+        self._caller = caller
+        self._closing = False
+        self._asking: set[anyio.CancelScope] = set()
         self._asks = 0
         self.dir = make_session_dir(sandbox.writable_roots if sandbox else ())
         self.socket_path = self.dir / "gate.sock"
         self.claim_path = self.dir / "claim.sock"  # the launcher's (protocol §4)
         self.snapshot_path = self.dir / "policy.snap"
+        live = config.live
         write_atomically(self.snapshot_path, live.snapshot, mode=0o444)
         # Without a sandbox a gated process could replace the file: clients use a sealed copy.
         self.sealed_snapshot = None if self.confined else SealedSnapshot(live.snapshot)
@@ -241,38 +282,14 @@ class EscalationSession:
 
     @classmethod
     async def open(
-        cls,
-        *,
-        live: LivePolicy,
-        escalation: EscalationPolicy,
-        asker: Asker,
-        sandbox: SandboxSpec | None = None,
-        base_env: Mapping[str, str] | None = None,
-        gate_escalated: bool = True,
-        approval_timeout: float = 300.0,
-        decisions: DecisionLog | None = None,
-        on_ask: Callable[[bool], None] | None = None,
-        new_process_session: bool = False,
-        clean_escalated_env: Sequence[str] = (),
+        cls, config: SessionConfig, caller: SessionCaller | None = None
     ) -> EscalationSession:
-        """Open a session: its folder, gate socket and launcher.
-
-        ``new_process_session``: the launcher (and so the whole tree) gets its own process
-        session, detached from any terminal (the MCP server); otherwise it stays in ours.
-        """
+        """Open a session: its folder, gate socket and launcher. ``caller`` None: attach one
+        with :meth:`attach` before :meth:`start`."""
         native.verify_installation()  # never load an interposer that is not the installed one
-        session = cls(
-            live=live,
-            escalation=escalation,
-            asker=asker,
-            sandbox=sandbox,
-            base_env=os.environ if base_env is None else base_env,
-            gate_escalated=gate_escalated,
-            approval_timeout=approval_timeout,
-            decisions=decisions,
-            on_ask=on_ask,
-            clean_escalated_env=clean_escalated_env,
-        )
+        session = cls(config, caller)
+        sandbox, live = config.sandbox, config.live
+        new_process_session = config.new_process_session
         try:
             live.watch_in(asyncio.get_running_loop())
             session._server = GateServer(session.socket_path, session)
@@ -287,12 +304,35 @@ class EscalationSession:
                     standin_table=session.standins.table if session.standins else None,
                 )
             session._launcher = await Launcher.start(
-                spec, new_session=new_process_session, claim_path=session.claim_path
+                spec,
+                new_session=new_process_session,
+                claim_path=session.claim_path,
+                terminal=config.terminal,
             )
         except BaseException:
             await session.aclose()
             raise
         return session
+
+    def attach(self, caller: SessionCaller) -> None:
+        """Give a session opened without a caller (a reserve's spare) its caller, once."""
+        if self._caller is not None:
+            raise RuntimeError("the session has a caller already")
+        self._caller = caller
+
+    @property
+    def caller(self) -> SessionCaller:
+        if self._caller is None:
+            raise RuntimeError("the session has no caller (attach one before start)")
+        return self._caller
+
+    @property
+    def decisions(self) -> DecisionLog | None:
+        return self._caller.decisions if self._caller is not None else None
+
+    @property
+    def call(self) -> int | None:
+        return self._caller.call if self._caller is not None else None
 
     async def __aenter__(self) -> EscalationSession:
         return self
@@ -568,29 +608,31 @@ class EscalationSession:
     async def _ask(self, request: ApprovalRequest, *, confined: bool) -> tuple[Action, Approval]:
         """Ask a human; a session that ends or a question nobody answers in time is a denial.
         Returns the action and the answer it follows from."""
+        caller = self.caller
+        if self._closing:
+            approval = no_one_to_ask(request, "the session ended before anyone answered")
+            return self.escalation.resolve(request, approval, confined=confined), approval
         self._asks += 1
-        if self._asks == 1 and self.on_ask:
-            self.on_ask(True)
-        ask = asyncio.ensure_future(self.asker.ask(request))
-        closing = asyncio.ensure_future(self._closing.wait())
+        if self._asks == 1 and caller.on_ask:
+            caller.on_ask(True)
+        # aclose() cancels the scope; its deadline is the session's own backstop.
+        scope = anyio.CancelScope(deadline=anyio.current_time() + self.approval_timeout)
+        self._asking.add(scope)
+        answered = None
         try:
-            done, _ = await asyncio.wait(
-                {ask, closing}, timeout=self.approval_timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            if ask in done:
-                approval = ask.result()
-            elif closing in done:
-                approval = no_one_to_ask(request, "the session ended before anyone answered")
-            else:
-                approval = no_one_to_ask(
-                    request, f"nobody answered within {self.approval_timeout:g} s"
-                )
+            with scope:
+                answered = await caller.asker.ask(request)
         finally:
-            for task in (ask, closing):
-                task.cancel()
+            self._asking.discard(scope)
             self._asks -= 1
-            if self._asks == 0 and self.on_ask:
-                self.on_ask(False)
+            if self._asks == 0 and caller.on_ask:
+                caller.on_ask(False)
+        if answered is not None:
+            approval = answered
+        elif self._closing:
+            approval = no_one_to_ask(request, "the session ended before anyone answered")
+        else:
+            approval = no_one_to_ask(request, f"nobody answered within {self.approval_timeout:g} s")
         return self.escalation.resolve(request, approval, confined=confined), approval
 
     # -- escalation ----------------------------------------------------------------------
@@ -645,7 +687,9 @@ class EscalationSession:
 
     async def aclose(self, grace: float = 0.5) -> None:
         """Deny pending questions, kill every process of the session, remove its files."""
-        self._closing.set()
+        self._closing = True
+        for scope in list(self._asking):
+            scope.cancel()
         self._unsubscribe()
         await asyncio.sleep(0)  # let pending asks answer "denied" before the server closes
         if self._launcher is not None:
@@ -742,7 +786,7 @@ def resolve_command(name: str, *, cwd: str, path: str) -> str:
         candidate = os.path.join(cwd, directory or ".", name)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return os.path.normpath(candidate)
-    raise ExecgateError(f"{name}: command not found", exit_status=127)
+    raise ExecgateError(f"{quote_word(name)}: command not found", exit_status=127)
 
 
 def describe_exec(
@@ -756,8 +800,11 @@ def describe_exec(
     """A :class:`GatedExec` for a program execgate itself is about to start."""
     try:
         file, interpreters = describe_path(program, cwd, contents)
-    except OSError as exc:
-        raise ExecgateError(f"{program}: {exc.strerror}", exit_status=127) from None
+    except OSError as exc:  # as a shell says it: 127 not found, 126 found but cannot run
+        found = os.path.lexists(os.path.join(cwd, program))
+        raise ExecgateError(
+            f"{quote_word(program)}: {exc.strerror}", exit_status=126 if found else 127
+        ) from None
     return GatedExec(
         path=program,
         realpath=file.realpath,
@@ -777,62 +824,87 @@ def describe_exec(
 class SessionReserve:
     """One session opened ahead of need, so the next caller does not wait for a launcher.
 
-    Sessions are interchangeable only when opened with the same arguments (sandbox, base
-    environment, policy); :meth:`take` hands out the spare when it matches and opens the next
-    one in the background. The asker, ``on_ask``, decision log and call id are the caller's:
-    set them on the session before ``start()``.
+    Sessions are interchangeable only when opened with the same :class:`SessionConfig` key;
+    :meth:`take` hands out the spare when it matches and opens the next one in the background
+    (in :meth:`run`'s task group). Spares have no caller: :meth:`take` attaches the taker's.
     """
 
     def __init__(self) -> None:
         self._key: tuple[object, ...] | None = None
-        self._spare: asyncio.Task[EscalationSession] | None = None
-        self._discarding: set[asyncio.Task[None]] = set()
+        self._spare: _Opening | None = None
+        self._tasks: anyio.abc.TaskGroup | None = None
 
-    @staticmethod
-    def _key_of(kwargs: dict[str, Any]) -> tuple[object, ...]:
-        env = kwargs.get("base_env")
-        return (
-            id(kwargs["live"]),
-            id(kwargs["escalation"]),
-            kwargs.get("sandbox"),
-            None if env is None else tuple(sorted(env.items())),
-            kwargs.get("gate_escalated", True),
-            kwargs.get("approval_timeout", 300.0),
-            kwargs.get("new_process_session", False),
-            tuple(kwargs.get("clean_escalated_env", ())),
-        )
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[SessionReserve]:
+        """Spares are opened (and unused ones closed) in a task group living this long; every
+        session still held here is closed on the way out."""
+        async with anyio.create_task_group() as tasks:
+            self._tasks = tasks
+            try:
+                yield self
+            finally:
+                self._tasks = None
+                with anyio.CancelScope(shield=True):
+                    await self.aclose()
 
-    async def take(self, **kwargs: Any) -> EscalationSession:
-        """A session as ``EscalationSession.open(**kwargs)`` would give (asker excepted)."""
-        key = self._key_of(kwargs)
+    async def take(self, config: SessionConfig, caller: SessionCaller) -> EscalationSession:
+        """A session as ``EscalationSession.open(config, caller)`` would give."""
+        key = config.key
         spare, self._spare = self._spare, None
         session: EscalationSession | None = None
         if spare is not None and self._key == key:
-            with contextlib.suppress(Exception):
-                session = await spare
+            session = await spare.result()
         elif spare is not None:  # opened for other arguments: not ours to hand out
-            discard = asyncio.ensure_future(_close_when_open(spare))
-            self._discarding.add(discard)
-            discard.add_done_callback(self._discarding.discard)
+            self._start(spare.close)
         self._key = key
-        # Replaced by the taker; nothing runs in a session before start(), so nothing asks.
-        placeholder = DenyingAsker("the session was not started")
         if session is None:
-            session = await EscalationSession.open(asker=placeholder, **kwargs)
-        self._spare = asyncio.ensure_future(EscalationSession.open(asker=placeholder, **kwargs))
+            session = await EscalationSession.open(config, caller)
+        else:
+            session.attach(caller)
+        if self._tasks is not None:
+            self._spare = _Opening(config)
+            self._start(self._spare.run)
         return session
+
+    def _start(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        if self._tasks is not None:
+            self._tasks.start_soon(work)
 
     async def aclose(self) -> None:
         spare, self._spare = self._spare, None
         if spare is not None:
-            await _close_when_open(spare)
-        if self._discarding:
-            await asyncio.gather(*self._discarding, return_exceptions=True)
+            await spare.close()
 
 
-async def _close_when_open(opening: asyncio.Task[EscalationSession]) -> None:
-    try:
-        session = await opening
-    except Exception:
-        return
-    await session.aclose()
+class _Opening:
+    """A session being opened in the background: its result (None if opening failed)."""
+
+    def __init__(self, config: SessionConfig) -> None:
+        self.config = config
+        self._done = anyio.Event()
+        self._session: EscalationSession | None = None
+        self._closed = False
+
+    async def run(self) -> None:
+        try:
+            session = await EscalationSession.open(self.config)
+        except Exception:
+            log.debug("could not open a spare session", exc_info=True)
+        else:
+            if self._closed:
+                await session.aclose()
+            else:
+                self._session = session
+        finally:
+            self._done.set()
+
+    async def result(self) -> EscalationSession | None:
+        await self._done.wait()
+        return self._session
+
+    async def close(self) -> None:
+        self._closed = True
+        session = await self.result()
+        self._session = None
+        if session is not None:
+            await session.aclose()

@@ -11,6 +11,9 @@ Configurations:
   run (round trip)      a rule names `true` but does not match: every exec asks the server
   run, workspace-write  as "run (snapshot)", inside the workspace-write sandbox
   escalate              `true` allowed, in workspace-write: every exec is escalated
+  shadowed              a rule names `true` but does not match, in workspace-write: every exec
+                        is of its stand-in (docs/sandbox.md "The exec backstop"), asks the
+                        server and runs confined through the launcher
   run (content check)   a rule names a file of `true`'s size but other content: every exec
                         asks, and the server compares contents (digest cached), then runs it
   ..., no decision log  the same with `[log] enabled = false`: what the always-on decision
@@ -44,6 +47,10 @@ CONFIGS: dict[str, tuple[str | None, list[str]]] = {
         ["--sandbox", "workspace-write"],
     ),
     "escalate": ('prefix_rule(["true"], "allow")\n', ["--sandbox", "workspace-write"]),
+    "shadowed": (
+        'prefix_rule(["true", "--never"], "forbidden")\n',
+        ["--sandbox", "workspace-write"],
+    ),
     "run (content check)": ('prefix_rule(["{home}/look-alike"], "forbidden")\n', []),
 }
 # Configurations run again with the decision log off: name -> the configuration it mirrors.

@@ -121,6 +121,7 @@ struct ticket {
     char **argv, **drop, **prefix, **keep, **set; /* NULL-terminated */
     long long expires;        /* now_ms() deadline */
     int fd;                   /* the judged program (close-on-exec): what a claim executes */
+    int confined;             /* `authorize-confined`: the claim runs it inside the sandbox */
 };
 
 static struct sb_config g_sandbox;
@@ -710,7 +711,13 @@ static void child(const struct spawn *s, const int *fds, struct report *out)
 
     char msg[MSG_CAP] = "";
     if (s->sandbox) {
-        r = sb_apply(&g_sandbox, s->cwd, msg, sizeof msg);
+        /* A confined claim runs the program a stand-in covers (protocol §7
+         * authorize-confined): leave that program uncovered in its own sandbox, so that a
+         * script's interpreter, which reads it by path, reads the script. */
+        struct sb_config confined = g_sandbox;
+        if (s->execfd >= 0)
+            confined.uncovered = s->path;
+        r = sb_apply(&confined, s->cwd, msg, sizeof msg);
         if (r < 0)
             child_fail(out, -r, "%s", msg[0] ? msg : strerror(-r));
     } else if (chdir(s->cwd) < 0) {
@@ -957,8 +964,9 @@ static struct ticket *take_ticket(const char *id)
 
 /* EG1 · authorize · TICKET · LIFETIME_MS · TOKEN · DISPLAY · PATH · CWD · ARGC · ARGV… ·
  *       DROPC · NAME… · PREFIXC · PREFIX… · KEEPC · ENTRY… · SETC · ENTRY…   + the program's fd
+ * (`authorize-confined`: the same fields; the claim runs the program inside the sandbox).
  * Takes ownership of payload (the ticket's strings point into it) and of fd. 0 or -EPROTO. */
-static int handle_authorize(struct eg_fields *f, char *payload, int fd)
+static int handle_authorize(struct eg_fields *f, char *payload, int fd, int confined)
 {
     struct ticket *t = calloc(1, sizeof *t);
     if (!t) {
@@ -968,6 +976,7 @@ static int handle_authorize(struct eg_fields *f, char *payload, int fd)
     }
     t->mem = payload;
     t->fd = fd;
+    t->confined = confined;
     long long lifetime;
     size_t idlen;
     if (!(t->id = eg_next(f, &idlen)) || eg_next_long(f, &lifetime) < 0 ||
@@ -1263,10 +1272,13 @@ static void handle_claim(struct conn *c, char *payload, size_t len)
     } else {
         pid_t pgid = getpgid(c->peer); /* the claimer's group: the terminal's signals reach it */
         struct spawn s = {.pgid = pgid > 0 ? pgid : 0, .cwd = t->cwd, .path = t->path,
-                          .execfd = t->fd, .nfds = c->nfds, .dst = dst, .argv = t->argv, .envp = envp};
+                          .execfd = t->fd, .nfds = c->nfds, .dst = dst, .argv = t->argv, .envp = envp,
+                          .sandbox = t->confined};
         struct proc p = {.id = -1, .state = P_PENDING, .pgid = -1, .conn = c};
         struct failure failure;
-        int r = start_child_vfork(&s, c->fds, &p, &failure);
+        /* A confined claim sets up a sandbox (allocations, namespaces): a forked child, whose
+         * outcome resolve() reports when its error pipe closes. */
+        int r = t->confined ? start_child(&s, c->fds, &p) : start_child_vfork(&s, c->fds, &p, &failure);
         for (int i = 0; i < c->nfds; i++)
             close(c->fds[i]);
         c->nfds = 0;
@@ -1275,7 +1287,9 @@ static void handle_claim(struct conn *c, char *payload, size_t len)
                       strerror(-r));
         } else {
             c->pid = p.pid; /* the proc entry refers to c from now on */
-            if (p.state == P_FAILED)
+            if (p.state == P_PENDING)
+                ; /* confined: resolve() tells the claimer */
+            else if (p.state == P_FAILED)
                 claim_failed(c, failure.msg);
             else
                 claim_running(c);
@@ -1489,12 +1503,13 @@ static int handle_message(char **payload, size_t len, int *fds, int nfds, long l
         r = -EPROTO;
     else if (!strcmp(kind, "spawn"))
         r = handle_spawn(&f, fds, nfds) < 0 ? -EPROTO : 1;
-    else if (!strcmp(kind, "authorize")) {
+    else if (!strcmp(kind, "authorize") || !strcmp(kind, "authorize-confined")) {
         if (nfds != 1)
             return -EPROTO; /* the caller closes what came */
         char *kept = *payload;
         *payload = NULL;
-        r = handle_authorize(&f, kept, fds[0]) < 0 ? -EPROTO : 1;
+        int confined = kind[9] != '\0';
+        r = handle_authorize(&f, kept, fds[0], confined) < 0 ? -EPROTO : 1;
         fds[0] = -1; /* the ticket's now (or closed) */
     } else if (nfds)
         r = -EPROTO;

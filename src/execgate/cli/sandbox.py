@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -78,6 +79,8 @@ def run_check(args: argparse.Namespace) -> int:
     uname = platform.uname()
     profiles: list[tuple[str, str]] = []
     for label, spec in _profiles(cwd):
+        # Sessions always cover the programs rules name (the trial mounts a scratch stand-in).
+        spec = dataclasses.replace(spec, standin_table=Path("/"))
         refusal = support.problems(spec)
         if refusal:
             verdict = "unavailable: needs " + "; ".join(refusal)
@@ -98,6 +101,7 @@ def run_check(args: argparse.Namespace) -> int:
             "mount_namespace": support.mount_namespace,
             "mount_namespace_error": support.mount_namespace_error,
             "metadata_protected": support.metadata_protected,
+            "exec_backstop": support.exec_backstop,
             "bubblewrap": support.bwrap,
             "profiles": {label: verdict for label, verdict in profiles},
             "all_profiles_work": all_ok,
@@ -125,6 +129,15 @@ def run_check(args: argparse.Namespace) -> int:
     else:
         print("                   (without it: no .git protection; chmod/utimes/xattr on your")
         print("                   own files outside the writable roots are not prevented)")
+    if support.exec_backstop:
+        backstop = "active (every program a rule names is covered by a stand-in that asks"
+        backstop += (
+            "\n                   the server; ptrace denied; strict-exec: no exec of memfds)"
+        )
+    else:
+        backstop = "unavailable: it needs a private mount namespace and seccomp; confined"
+        backstop += "\n                   profiles are refused"
+    print(f"exec backstop:     {backstop}")
     print(f"bubblewrap:        {support.bwrap or 'not installed'}")
     print()
     print("profiles:")

@@ -320,6 +320,7 @@ class Launcher:
         cwd: bytes,
         env: EnvRules,
         lifetime: float = TICKET_LIFETIME,
+        confined: bool = False,
     ) -> asyncio.Future[None]:
         """Let ``ticket`` be claimed once, within ``lifetime`` seconds, by a claimer presenting
         ``token``: the launcher then executes the descriptor ``program`` (the file that was
@@ -331,6 +332,7 @@ class Launcher:
         once (the usual case), so an answer sent to the client after this call cannot overtake
         it. Otherwise the caller must await it before handing out the ticket. ``display``: the
         command in the launcher's messages (``execgate: cannot run DISPLAY: …``).
+        ``confined``: the claim runs the program inside the sandbox (``authorize-confined``).
         """
         if not self.running:
             raise LauncherError("the session launcher is not running")
@@ -343,6 +345,7 @@ class Launcher:
             cwd=cwd,
             argv=argv,
             env=env,
+            confined=confined,
         )
         return self._enqueue(frame, [program], borrowed=True)
 

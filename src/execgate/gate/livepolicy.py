@@ -20,6 +20,7 @@ from execgate.gate.escalation import PolicyEscalation
 from execgate.gate.folderwatch import FolderWatch
 from execgate.gate.skills import SkillScripts
 from execgate.gate.snapshot import build_snapshot
+from execgate.gate.standins import rule_named_paths
 from execgate.policy import LoadedPolicy, Policy, load_chosen_policy, load_layered_policy
 
 Listener = Callable[[bytes], None]
@@ -69,6 +70,10 @@ class LivePolicy:
                 break
         if snapshot.aliases != self.aliases:  # else keep the judgements made with them cached
             self.aliases = snapshot.aliases
+        # What sandboxes cover with stand-ins (the kernel exec backstop, gate/standins.py).
+        self.rule_named = rule_named_paths(
+            self.aliases, policy.host_executables, search_path=self.search_path
+        )
         self.contents = snapshot.contents
         # Fail-closed requirements deny everything: every exec must reach the server.
         self.snapshot = snapshot.encode(ask_always=self.ask_always or bool(fail_closed_reason))

@@ -52,6 +52,7 @@ from execgate.gate.program import GatedExec, runs_file, vouched
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import Answer, GateServer, Peer
 from execgate.gate.snapshot import SealedSnapshot
+from execgate.gate.standins import StandIns
 from execgate.policy import allow_rule_line
 from execgate.sandbox import SandboxSpec
 from execgate.sandbox.guarded import guard
@@ -267,6 +268,15 @@ class EscalationSession:
         self._unsubscribe = live.subscribe(self.publish_snapshot)
         self.interposer = native.native_path(native.INTERPOSER)
         self.wrapper = native.native_path(native.WRAPPER)
+        # Inside a sandbox the programs rules name are covered by stand-ins (the kernel backstop).
+        self.standins: StandIns | None = None
+        if self.confined:
+            try:
+                self.standins = StandIns(self.dir / "standins", self.wrapper)
+                self.standins.cover(live.rule_named)
+            except BaseException:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise
         self._server: GateServer | None = None
         self._launcher: Launcher | None = None
         self._env_rules: EnvRules | None = None
@@ -292,6 +302,7 @@ class EscalationSession:
                     executables=[session.wrapper, session.interposer],
                     readonly=readonly,
                     hidden=hidden,
+                    standin_table=session.standins.table if session.standins else None,
                 )
             session._launcher = await Launcher.start(
                 spec,
@@ -386,9 +397,22 @@ class EscalationSession:
             )
         return self._env_rules
 
+    def confined_env_rules(self) -> EnvRules:
+        """A confined claim's environment: the caller's, with the gate re-added as every exec
+        inside the sandbox gets it (protocol §1)."""
+        preload = self._with_preload(self.base_env.get("LD_PRELOAD"))
+        overlay = {**self.gate_env(), "LD_PRELOAD": preload}
+        return EnvRules(
+            drop=tuple(os.fsencode(name) for name in (*GATE_VARIABLES, "LD_PRELOAD")),
+            drop_prefixes=(),
+            set=tuple(os.fsencode(f"{k}={v}") for k, v in overlay.items()),
+        )
+
     # -- policy updates ------------------------------------------------------------------
 
     def publish_snapshot(self, snapshot: bytes) -> None:
+        if self.standins is not None:  # before the snapshot: a new rule's program is covered
+            self.standins.cover(self.live.rule_named)
         write_atomically(self.snapshot_path, snapshot, mode=0o444)
         if self.sealed_snapshot is not None:
             self.sealed_snapshot.publish(snapshot)
@@ -459,9 +483,43 @@ class EscalationSession:
             exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
             self._record(exec_, Action(Verdict.DENY, "request not from this session"), closed=True)
             return protocol.encode_deny(self.denial(exec_, "request not from this session"))
+        claimed: Sequence[tuple[bytes, bytes]] = request.interpreters
+        opened: list[int] = []  # descriptors opened here, for a stand-in's program
+        if confined and self.standins is not None:
+            try:
+                substituted = self.standins.substitute(fds, claimed, os.fsdecode(request.cwd))
+            except OSError as exc:
+                exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
+                return protocol.encode_deny(
+                    self.denial(exec_, f"the program cannot be opened ({exc.strerror})")
+                )
+            if substituted is not None:
+                fds, claimed, opened = substituted
+        try:
+            answer = self._judge(request, fds, claimed, peer, confined, standin=bool(opened))
+        except BaseException:
+            _close_all(opened)
+            raise
+        if opened:
+            if isinstance(answer, bytes):
+                _close_all(opened)
+            else:
+                answer = _closing_after(answer, opened)
+        return answer
+
+    def _judge(
+        self,
+        request: ExecRequest,
+        fds: Sequence[int],
+        claimed: Sequence[tuple[bytes, bytes]],
+        peer: Peer,
+        confined: bool,
+        *,
+        standin: bool,
+    ) -> Answer:
         try:
             contents = self.live.current_contents()
-            program, interpreters = inspect_descriptors(fds, request.interpreters, contents)
+            program, interpreters = inspect_descriptors(fds, claimed, contents)
         except IdentityError as exc:
             exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
             log.info("gate: refused a request from pid %d: %s", peer.pid, exc)
@@ -474,9 +532,11 @@ class EscalationSession:
             action = self.escalation.decide(exec_, confined=confined)
         if action.verdict == Verdict.ASK:
             assert action.approval is not None
-            return self._ask_then_answer(exec_, request, fds[-1], action.approval, confined)
+            return self._ask_then_answer(
+                exec_, request, fds[-1], action.approval, confined, standin=standin
+            )
         self._record(exec_, action)
-        return self._encode(exec_, request, fds[-1], action)
+        return self._encode(exec_, request, fds[-1], action, standin=standin)
 
     @functools.cached_property
     def sandbox_text(self) -> str:
@@ -491,9 +551,19 @@ class EscalationSession:
                          "source": "fail-closed", "reason": why}
             )  # fmt: skip
 
-    def _encode(self, exec_: GatedExec, request: ExecRequest, runs: int, action: Action) -> Answer:
+    def _encode(
+        self,
+        exec_: GatedExec,
+        request: ExecRequest,
+        runs: int,
+        action: Action,
+        *,
+        standin: bool = False,
+    ) -> Answer:
+        """``standin``: the request came through a stand-in, whose program is not reachable
+        inside the sandbox: `run` means the launcher runs it there, confined."""
         if action.verdict == Verdict.RUN:
-            return protocol.RUN
+            return self._escalate(exec_, request, runs, confined=True) if standin else protocol.RUN
         if action.verdict == Verdict.ESCALATE:
             return self._escalate(exec_, request, runs)
         return protocol.encode_deny(self.denial(exec_, action.reason))
@@ -533,10 +603,12 @@ class EscalationSession:
         runs: int,
         approval: ApprovalRequest,
         confined: bool,
+        *,
+        standin: bool,
     ) -> bytes:
         action, answer_given = await self._ask(approval, confined=confined)
         self._record(exec_, action, (approval, answer_given))
-        answer = self._encode(exec_, request, runs, action)
+        answer = self._encode(exec_, request, runs, action, standin=standin)
         return answer if isinstance(answer, bytes) else await answer
 
     async def _ask(self, request: ApprovalRequest, *, confined: bool) -> tuple[Action, Approval]:
@@ -571,11 +643,15 @@ class EscalationSession:
 
     # -- escalation ----------------------------------------------------------------------
 
-    def _escalate(self, exec_: GatedExec, request: ExecRequest, runs: int) -> Answer:
+    def _escalate(
+        self, exec_: GatedExec, request: ExecRequest, runs: int, *, confined: bool = False
+    ) -> Answer:
         """Authorize a ticket at the launcher, then hand it to the client, which claims it
         there (§4). The authorization is written to the launcher before the answer is sent,
         so it is always there first. ``runs``: the descriptor of the file that was judged
-        and will run (the last interpreter, for a script); the launcher executes exactly it."""
+        and will run (the last interpreter, for a script); the launcher executes exactly it.
+        ``confined``: the launcher runs it inside the sandbox (a stand-in's program that no
+        rule lets out), with the caller's environment as a confined exec would have it."""
         ticket = secrets.token_hex(16)
         try:
             posted = self.launcher.authorize(
@@ -588,7 +664,8 @@ class EscalationSession:
                 # caller used could be re-pointed (a symlink in the workspace) before it does.
                 argv=[os.fsencode(word) for word in exec_.exec_argv(exec_.realpath)],
                 cwd=os.fsencode(exec_.cwd),
-                env=self.escalated_env_rules(),
+                env=self.confined_env_rules() if confined else self.escalated_env_rules(),
+                confined=confined,
             )
         except (LauncherError, ProtocolError) as exc:
             return self._cannot_escalate(exec_, exc)
@@ -630,6 +707,19 @@ class EscalationSession:
         if self.sealed_snapshot is not None:
             self.sealed_snapshot.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+async def _closing_after(answer: Awaitable[bytes], fds: Sequence[int]) -> bytes:
+    try:
+        return await answer
+    finally:
+        _close_all(fds)
 
 
 # -- the decision log ------------------------------------------------------------------------

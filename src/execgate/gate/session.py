@@ -604,7 +604,6 @@ def describe_exec(program: str, argv: Sequence[str], *, cwd: str, via: str) -> G
         cwd=cwd,
         interpreters=interpreters,
         pid=os.getpid(),
-        ppid=os.getppid(),
         via=via,
         leaves_gate=runs_file(file, interpreters).leaves_gate,
     )

@@ -21,6 +21,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,7 @@ class EscalationSession:
         self.on_ask = on_ask
         self._closing = asyncio.Event()
         self._asks = 0
+        self.verdicts: Counter[Verdict] = Counter()  # decisions so far (a summary's counts)
         self.dir = make_session_dir(sandbox.writable_roots if sandbox else ())
         self.socket_path = self.dir / "gate.sock"
         self.claim_path = self.dir / "claim.sock"  # the launcher's (protocol §4)
@@ -461,6 +463,7 @@ class EscalationSession:
         return protocol.encode_deny(self.denial(exec_, action.reason))
 
     def _record(self, exec_: GatedExec, action: Action) -> None:
+        self.verdicts[action.verdict] += 1
         if action.verdict == Verdict.ESCALATE:
             escalations.info(
                 "escalated %s (program %s, pid %d, cwd %s, sandbox %s)",

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from execgate.errors import ExecgateError
-from execgate.gate.escalation import Asker, EscalationPolicy
+from execgate.gate.escalation import Asker, EscalationPolicy, Verdict
 from execgate.gate.livepolicy import LivePolicy
 from execgate.gate.session import AuditLog, EscalationSession, SessionDenied, SessionReserve
 from execgate.mcp_front.elicitation import InputRequests
@@ -256,12 +256,13 @@ class ShellCall:
                 truncated_bytes=self.capture.truncated_bytes,
             )
             log.info(
-                "tool call %d ended: exit %d%s, %d bytes of output, %.3f s",
+                "tool call %d ended: exit %d%s, %d bytes of output, %.3f s%s",
                 self.id,
                 exit_code,
                 " (timed out)" if timed_out else "",
                 self.capture.total,
                 self.outcome.duration,
+                _decision_counts(session),
             )
             self._done.set()
             self.changed.set()
@@ -291,6 +292,15 @@ class ShellCall:
             return TIMEOUT_EXIT_CODE, True, True
         log.info("tool call %d aborted; stopping it", self.id)
         return 128 + signal.SIGKILL, False, True
+
+
+def _decision_counts(session: EscalationSession | None) -> str:
+    """``", 3 escalated, 1 denied"``: what a call's execs came to (per-exec lines are DEBUG)."""
+    if session is None:
+        return ""
+    counts = session.verdicts
+    shown = [(counts[Verdict.ESCALATE], "escalated"), (counts[Verdict.DENY], "denied")]
+    return "".join(f", {n} {what}" for n, what in shown if n)
 
 
 class _PipeReader:

@@ -131,6 +131,9 @@ def _session_dir_candidates() -> list[Path]:
     return candidates
 
 
+_swept = False
+
+
 def make_session_dir(writable_roots: Sequence[Path]) -> Path:
     """A fresh 0700 folder for the socket and snapshot.
 
@@ -145,7 +148,10 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
         return any(real == r or r in real.parents for r in roots)
 
     candidates = _session_dir_candidates()
-    remove_stale_session_dirs(candidates)
+    global _swept
+    if not _swept:  # folders of killed servers: once per server (an MCP server opens many)
+        remove_stale_session_dirs(candidates)
+        _swept = True
     for base in sorted(candidates, key=writable):  # stable: outside-the-sandbox ones first
         try:
             make_private_dir(base)

@@ -23,7 +23,7 @@ def exec_of(path: Path, *args: str) -> GatedExec:
     return GatedExec(
         path=str(path), realpath=file.realpath, dev=file.dev, ino=file.ino,
         argv=(path.name, *args), cwd=str(path.parent), interpreters=interpreters,
-        pid=1, via="execve",
+        pid=1, ppid=1, via="execve",
     )  # fmt: skip
 
 

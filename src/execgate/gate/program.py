@@ -57,6 +57,7 @@ class GatedExec:
     cwd: str
     interpreters: tuple[Interpreter, ...]  # the #! chain, outermost first
     pid: int
+    ppid: int
     via: str
     leaves_gate: str | None = None  # why the file that runs would leave the gate (set-id, caps)
 
@@ -73,15 +74,10 @@ class GatedExec:
             cwd=os.fsdecode(req.cwd),
             interpreters=interpreters,
             pid=req.pid,
+            ppid=req.ppid,
             via=req.via,
             leaves_gate=runs_file(program, interpreters).leaves_gate,
         )
-
-    @property
-    def ppid(self) -> int:
-        """The asking process's parent, read from ``/proc`` when a record needs it (0 once
-        the process is gone): never the request's claim, and not on every exec's path."""
-        return parent_pid(self.pid)
 
     @property
     def file_id(self) -> FileId:
@@ -130,15 +126,15 @@ class GatedExec:
 
 def vouched(exec_: GatedExec, pid: int) -> GatedExec:
     """``exec_`` with what the client only claimed replaced by what the kernel says: the asking
-    process is the socket's peer (``SO_PEERCRED``), its working directory comes from ``/proc``
-    (and so does its parent, :attr:`GatedExec.ppid`, when a record asks), and ``path`` counts
-    as a name of the program only while it still names the file that was judged (else the
-    file's canonical path stands in: a name that points elsewhere could make policy judge
-    another file than the one that runs)."""
+    process is the socket's peer (``SO_PEERCRED``), its parent and working directory come from
+    ``/proc``, and ``path`` counts as a name of the program only while it still names the file
+    that was judged (else the file's canonical path stands in: a name that points elsewhere
+    could make policy judge another file than the one that runs)."""
     try:
         cwd = os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         cwd = exec_.cwd  # the process is gone: nothing will run for it anyway
+    ppid = parent_pid(pid) or exec_.ppid
     path = exec_.path
     try:
         st = os.stat(path)
@@ -146,11 +142,12 @@ def vouched(exec_: GatedExec, pid: int) -> GatedExec:
             path = exec_.realpath or path
     except (OSError, ValueError):
         path = exec_.realpath or path
-    return replace(exec_, pid=pid, cwd=cwd, path=path)
+    return replace(exec_, pid=pid, ppid=ppid, cwd=cwd, path=path)
 
 
 def parent_pid(pid: int) -> int:
-    """The parent of process ``pid`` from ``/proc`` (0 if there is no such process)."""
+    """The parent of process ``pid`` from ``/proc`` (0 if there is no such process); raw
+    reads, as this is on every exec request's path."""
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:

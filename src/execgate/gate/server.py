@@ -68,6 +68,10 @@ class RequestHandler(Protocol):
         until the answer has been sent."""
         ...
 
+    def refused(self, peer: Peer, why: str) -> None:
+        """A request refused before it could be judged (malformed, too slow, too many)."""
+        ...
+
 
 class GateServer:
     def __init__(self, path: Path, handler: RequestHandler) -> None:
@@ -150,6 +154,7 @@ class GateServer:
             return
         except (OSError, ProtocolError) as exc:
             log.warning("gate: bad request from pid %d: %s", peer.pid, exc)
+            self._handler.refused(peer, f"bad request: {exc}")
             conn.close()
             return
         self._serve_read(conn, data, fds, peer)
@@ -159,6 +164,7 @@ class GateServer:
         if len(self._slow) >= MAX_SLOW_REQUESTS:
             # Memory is bounded per session: a process cannot make us hold many big frames.
             log.info("gate: too many unfinished requests; closed one from pid %d", peer.pid)
+            self._handler.refused(peer, "too many unfinished requests")
             _close_all(fds or [])
             conn.close()
             return False
@@ -172,6 +178,7 @@ class GateServer:
 
     def _give_up(self, conn: socket.socket, peer: Peer) -> None:
         log.info("gate: dropped a request from pid %d: timeout", peer.pid)
+        self._handler.refused(peer, "dropped request: timeout")
         self._stop_awaiting(conn)
         conn.close()
 
@@ -186,6 +193,7 @@ class GateServer:
                 return
             except (OSError, ProtocolError) as exc:
                 log.warning("gate: bad request from pid %d: %s", peer.pid, exc)
+                self._handler.refused(peer, f"bad request: {exc}")
                 conn.close()
                 return
             self._serve_read(conn, data, fds, peer)
@@ -201,8 +209,9 @@ class GateServer:
             if HEADER.size + length <= len(data) and 0 < length <= MAX_PAYLOAD:
                 self._dispatch(conn, data[HEADER.size : HEADER.size + length], fds, peer)
                 return
-        if not data and not fds:
-            conn.close()  # closed before sending anything
+        if not data and not fds:  # closed before sending anything
+            self._handler.refused(peer, "dropped request: connection closed mid-frame")
+            conn.close()
             return
         if self._hold(conn, peer, fds):
             self._spawn(self._serve_slowly(conn, data, fds, peer))
@@ -239,6 +248,7 @@ class GateServer:
                     buffer += chunk
         except (OSError, ProtocolError, TimeoutError) as exc:
             log.info("gate: dropped a request from pid %d: %s", peer.pid, exc or "timeout")
+            self._handler.refused(peer, f"dropped request: {exc or 'timeout'}")
             _close_all(fds)
             conn.close()
             return
@@ -269,6 +279,7 @@ class GateServer:
             answer = self._handler.answer_exec(parse_exec_request(fields), fds, peer)
         except ProtocolError as exc:
             log.warning("gate: malformed request from pid %d: %s", peer.pid, exc)
+            self._handler.refused(peer, f"malformed request: {exc}")
             _close_all(fds)
             conn.close()
             return

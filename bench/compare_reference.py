@@ -203,7 +203,12 @@ class McpClient:
         await self.notify("notifications/initialized")
 
     async def shell(self, command: str, workdir: Path, login: bool) -> str:
-        arguments = {"command": command, "workdir": str(workdir), "login": login}
+        arguments = {
+            "command": command,
+            "workdir": str(workdir),
+            "login": login,
+            "timeout_ms": 600_000,  # a loaded machine: a loop must not hit a default limit
+        }
         result = await self.request("tools/call", {"name": "shell", "arguments": arguments})
         texts = [c.get("text", "") for c in result.get("content", []) if isinstance(c, dict)]
         if result.get("isError"):
@@ -485,8 +490,12 @@ async def measure(args: argparse.Namespace, ref: Reference | None) -> list[Row]:
             ("per exec, escalated, workspace-write", "workspace-write", ALLOW_TRUE, allow,
              "≤ 1.5x"),
         ):  # fmt: skip
-            got = await per_exec(pair(mode, text, rules), place, args.rounds, args.execs)
-            ours, theirs = got["execgate"], got.get("reference")
+            try:
+                got = await per_exec(pair(mode, text, rules), place, args.rounds, args.execs)
+            except RuntimeError as exc:  # say so, and go on with the other figures
+                print(f"  {label}: failed: {exc}", file=sys.stderr)
+                got = {}
+            ours, theirs = got.get("execgate"), got.get("reference")
             show(Row(label, ratio(theirs), ratio(ours), quotient(ours, theirs), goal))
 
         gated, plain = run_start_to_exit(place, args.rounds * 4, no_match)

@@ -6,7 +6,9 @@
  * A child subreaper: every process of the session stays its descendant. It spawns what the
  * server asks for (optionally confined), reports spawned / failed / exited, forwards signals,
  * and at the end (shutdown request, control channel EOF, SIGTERM) kills every descendant,
- * including daemons that setsid'ed or double-forked, and reaps them all before exiting.
+ * including daemons that setsid'ed or double-forked, and reaps them all before exiting: exit
+ * status 0 says none is left (the server then has nothing to sweep), EXIT_LEFT_BEHIND that
+ * some outlived the SIGKILL rounds.
  *
  * Escalations: the server authorizes a ticket (what to run, how to build its environment) on
  * the control channel; the claimer (the interposer in the exec'ing process, or the wrapper)
@@ -62,6 +64,7 @@
 #define EOF_GRACE_MS 500
 #define MAX_GRACE_MS 600000
 #define KILL_ROUNDS_MS 10000 /* bound on the SIGKILL rounds of a shutdown */
+#define EXIT_LEFT_BEHIND 3   /* a shutdown gave up on descendants (they go to our parent) */
 #define MSG_CAP 1024
 #define MAX_LIFETIME_MS 3600000LL /* bound on a ticket's lifetime */
 #define MAX_CONNS 4096             /* claim connections open at once */
@@ -540,12 +543,14 @@ static void shutdown_session(long long grace_ms)
         }
     }
     long long limit = now_ms() + KILL_ROUNDS_MS;
+    int status = 0;
     while (reap() >= 0) {
         signal_descendants(SIGKILL, 0);
         if (reap() < 0)
             break;
         if (now_ms() > limit) {
             note("giving up: descendants still alive after %d ms of SIGKILL", KILL_ROUNDS_MS);
+            status = EXIT_LEFT_BEHIND;
             break;
         }
         wait_signal(2);
@@ -553,7 +558,7 @@ static void shutdown_session(long long grace_ms)
     /* Pending spawns whose child never reported (killed before exec): nothing to say. */
     if (g_control >= 0)
         close(g_control);
-    exit(0);
+    exit(status);
 }
 
 /* -- spawning ------------------------------------------------------------------------------- */

@@ -130,6 +130,10 @@ def _configure_logging(args: argparse.Namespace) -> None:
     root.setLevel(logging.WARNING)
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.getLogger("execgate").setLevel(level)
+    # One line per escalation goes to the escalations log; on stderr it would flood the
+    # client's log (a loop escalates thousands of times): there only with -v, and each tool
+    # call's summary line counts them.
+    logging.getLogger("execgate.escalations").propagate = bool(args.verbose)
 
 
 def run_mcp(args: argparse.Namespace) -> int:

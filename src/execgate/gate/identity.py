@@ -181,8 +181,14 @@ def _why_it_leaves_the_gate(fd: int, st: os.stat_result) -> str | None:
         return f"a set-uid program (runs as {_owner(st, group=False)})"
     if st.st_mode & stat.S_ISGID and st.st_mode & stat.S_IXGRP:
         return f"a set-gid program (runs with group {_owner(st, group=True)})"
-    try:  # an O_PATH descriptor has no xattr calls: read them through its /proc link
-        os.getxattr(f"/proc/self/fd/{fd}", "security.capability")
+    try:
+        try:
+            os.getxattr(fd, "security.capability")
+        except OSError as exc:
+            if exc.errno != errno.EBADF:
+                raise
+            # An O_PATH descriptor has no xattr calls: read them through its /proc link.
+            os.getxattr(f"/proc/self/fd/{fd}", "security.capability")
     except OSError as exc:
         if exc.errno not in (errno.ENODATA, errno.ENOTSUP):
             return f"its file capabilities cannot be read ({exc.strerror})"

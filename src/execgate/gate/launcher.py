@@ -542,8 +542,12 @@ class Launcher:
             self._process.kill()
             await self._exit
         # What a launcher that was killed under the session left behind (then adopted by
-        # this process, if it is a subreaper) dies with the session.
-        await orphans.kill_adopted()
+        # this process, if it is a subreaper) dies with the session. A launcher that exited
+        # 0 reaped its whole tree (its subreaper's loop ends only when it has no child left):
+        # then nothing was left to us, and the sweep (a read of every process's /proc/PID/stat,
+        # tens of ms on a busy machine) is skipped.
+        if self._exit.result() != 0:
+            await orphans.kill_adopted()
         # Its end of the channel closed with it: the reader sees EOF right away.
         try:
             await asyncio.wait_for(asyncio.shield(self._reader), timeout=5.0)

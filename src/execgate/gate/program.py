@@ -145,13 +145,11 @@ def vouched(exec_: GatedExec, pid: int) -> GatedExec:
     ``/proc``, and ``path`` counts as a name of the program only while it still names the file
     that was judged (else the file's canonical path stands in: a name that points elsewhere
     could make policy judge another file than the one that runs)."""
-    cwd, ppid = exec_.cwd, exec_.ppid
     try:
         cwd = os.readlink(f"/proc/{pid}/cwd")
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        pass  # the process is gone: nothing will run for it anyway
+    except OSError:
+        cwd = exec_.cwd  # the process is gone: nothing will run for it anyway
+    ppid = parent_pid(pid) or exec_.ppid
     path = exec_.path
     try:
         st = os.stat(path)
@@ -160,6 +158,27 @@ def vouched(exec_: GatedExec, pid: int) -> GatedExec:
     except (OSError, ValueError):
         path = exec_.realpath or path
     return replace(exec_, pid=pid, ppid=ppid, cwd=cwd, path=path)
+
+
+def parent_pid(pid: int) -> int:
+    """The parent of process ``pid`` from ``/proc`` (0 if there is no such process); raw
+    reads, as this is on every exec request's path."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        stat = os.read(fd, 1024)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    # comm is in parentheses and may itself contain ") ": split at the last one.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[1])
+    except (IndexError, ValueError):
+        return 0
 
 
 def runs_file(program: ExecFile, interpreters: tuple[Interpreter, ...]) -> ExecFile:

@@ -20,6 +20,7 @@ import os
 import secrets
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,6 +113,9 @@ def _session_dir_candidates() -> list[Path]:
     return candidates
 
 
+_swept = False
+
+
 def make_session_dir(writable_roots: Sequence[Path]) -> Path:
     """A fresh 0700 folder for the socket and snapshot.
 
@@ -126,7 +130,10 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
         return any(real == r or r in real.parents for r in roots)
 
     candidates = _session_dir_candidates()
-    remove_stale_session_dirs(candidates)
+    global _swept
+    if not _swept:  # folders of killed servers: once per server (an MCP server opens many)
+        remove_stale_session_dirs(candidates)
+        _swept = True
     for base in sorted(candidates, key=writable):  # stable: outside-the-sandbox ones first
         try:
             make_private_dir(base)
@@ -257,6 +264,7 @@ class EscalationSession:
         self._closing = False
         self._asking: set[anyio.CancelScope] = set()
         self._asks = 0
+        self.verdicts: Counter[Verdict] = Counter()  # decisions so far (a summary's counts)
         self.dir = make_session_dir(sandbox.writable_roots if sandbox else ())
         self.socket_path = self.dir / "gate.sock"
         self.claim_path = self.dir / "claim.sock"  # the launcher's (protocol §4)
@@ -578,6 +586,7 @@ class EscalationSession:
     ) -> None:
         """Log a decision: the escalations log at once, the decision log after the answer
         (``closed``: refused without judging, or with the policy failed closed)."""
+        self.verdicts[action.verdict] += 1
         if action.verdict == Verdict.ESCALATE:
             escalations.info(
                 "escalated %s (program %s, pid %d, cwd %s, sandbox %s)",

@@ -27,7 +27,7 @@ import anyio.abc
 
 from execgate.decisionlog import DecisionLog
 from execgate.errors import ExecgateError
-from execgate.gate.escalation import Asker
+from execgate.gate.escalation import Asker, Verdict
 from execgate.gate.session import (
     EscalationSession,
     SessionCaller,
@@ -205,15 +205,25 @@ class ShellCall:
                 truncated_bytes=self.capture.truncated_bytes,
             )
             log.info(
-                "tool call %d ended: exit %d%s, %d bytes of output, %.3f s",
+                "tool call %d ended: exit %d%s, %d bytes of output, %.3f s%s",
                 self.id,
                 exit_code,
                 " (timed out)" if timed_out else "",
                 self.capture.total,
                 self.outcome.duration,
+                _decision_counts(session),
             )
             self._done.set()
             self.changed.set()
+
+
+def _decision_counts(session: EscalationSession | None) -> str:
+    """``", 3 escalated, 1 denied"``: what a call's execs came to (per-exec lines are DEBUG)."""
+    if session is None:
+        return ""
+    counts = session.verdicts
+    shown = [(counts[Verdict.ESCALATE], "escalated"), (counts[Verdict.DENY], "denied")]
+    return "".join(f", {n} {what}" for n, what in shown if n)
 
 
 class PipeReader:

@@ -80,12 +80,22 @@ def test_sandbox_state_update_maps_codex_policies(mcp: Mcp) -> None:
                 },
             )
             assert await writes(client) == {"work": "0", "outside": "1", "extra": "0"}
-            # the client narrows what is writable, never widens it past the server's bounds
+            # the client narrows what is writable, never widens it past the server's bounds:
+            # `outside` goes, `/` is cut to the bounds (the workspace, --writable-root)
             await update(
                 client,
                 {
                     "sandboxPolicy": {"type": "workspace-write", "writable_roots": [
                         str(mcp.outside), "/"], "exclude_slash_tmp": True},
+                    "sandboxCwd": str(mcp.work),
+                },
+            )  # fmt: skip
+            assert await writes(client) == {"work": "0", "outside": "1", "extra": "0"}
+            await update(
+                client,
+                {
+                    "sandboxPolicy": {"type": "workspace-write", "writable_roots": [
+                        str(mcp.outside)], "exclude_slash_tmp": True},
                     "sandboxCwd": str(mcp.work),
                 },
             )  # fmt: skip

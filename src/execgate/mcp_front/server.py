@@ -65,8 +65,9 @@ from execgate.mcp_front.tool import (
     tool_definition,
     tool_result,
 )
-from execgate.sandbox import SandboxSpec, spec_from_codex_policy
+from execgate.sandbox import SandboxSpec
 from execgate.sandbox.codex import CodexPolicyError
+from execgate.sandbox.codex_profile import spec_from_sandbox_state
 
 log = logging.getLogger("execgate.mcp")
 
@@ -79,7 +80,9 @@ INSTRUCTIONS = (
 )
 SANDBOX_STATE_METHOD = "codex/sandbox-state/update"
 SANDBOX_STATE_CAPABILITY = {"codex/sandbox-state": {"version": "1.0.0"}}
-SANDBOX_STATE_META = "codex/sandbox-state-meta"
+#: Where a call's ``_meta`` carries Codex's sandbox state (0.169 sends both, the same object).
+SANDBOX_STATE_KEYS = ("codex/sandbox-state", "codex/sandbox-state-meta")
+CONFIGURED = "the server's configuration"
 
 Context = ServerRequestContext[Any, Any]
 
@@ -152,12 +155,6 @@ class _Parked:
     expiry: asyncio.TimerHandle
 
 
-@dataclass(frozen=True)
-class _CodexSandbox:
-    policy: dict[str, Any]
-    cwd: Path
-
-
 def _can_elicit(capabilities: types.ClientCapabilities | None) -> bool:
     elicitation = capabilities.elicitation if capabilities is not None else None
     if elicitation is None:
@@ -174,7 +171,8 @@ class McpFrontEnd:
         self.control = ControlServer(self.registry, self._info)
         self.calls: set[ShellCall] = set()
         self.parked: dict[str, _Parked] = {}
-        self.codex_sandbox: _CodexSandbox | None = None
+        #: The last ``codex/sandbox-state/update`` (its params), for calls without a state.
+        self.codex_sandbox: dict[str, Any] | None = None
         # A parked call (2026-07-28 flow) whose client never comes back is stopped after this.
         self.abandon_after = 2 * options.approval_timeout
         self._started = time.time()
@@ -246,13 +244,14 @@ class McpFrontEnd:
         if not raw:
             raise MCPError(code=INVALID_PARAMS, message="missing params for sandbox state request")
         policy, cwd = raw.get("sandboxPolicy"), raw.get("sandboxCwd")
-        if not isinstance(policy, dict) or not isinstance(cwd, str):
+        if "permissionProfile" not in raw and (
+            not isinstance(policy, dict) or not isinstance(cwd, str)
+        ):
             raise MCPError(
                 code=INVALID_PARAMS, message="failed to deserialize sandbox state", data=raw
             )
-        state = _CodexSandbox(policy, self.options.cwd / cwd)
         try:
-            spec = spec_from_codex_policy(policy, cwd=state.cwd, config=self.options.config.sandbox)
+            spec, field_name = self._client_spec(raw)
         except CodexPolicyError as exc:
             log.warning("rejected sandbox state from the client: %s", exc)
             raise MCPError(
@@ -261,8 +260,8 @@ class McpFrontEnd:
         except ExecgateError as exc:  # e.g. sandboxCwd missing: kept, calls will say so
             log.warning("sandbox state from the client cannot be used yet: %s", exc)
         else:
-            log.info("sandbox from the client (%s): %s", policy.get("type"), spec.describe())
-        self.codex_sandbox = state
+            log.info("sandbox from %s (%s): %s", SANDBOX_STATE_METHOD, field_name, spec.describe())
+        self.codex_sandbox = raw
         return {}
 
     async def _call_tool(
@@ -287,7 +286,10 @@ class McpFrontEnd:
         except ToolArgumentError as exc:
             return error_result(f"shell: {exc}")
         try:
-            sandbox = self._sandbox_for(ctx)
+            sandbox, sandbox_source = self._sandbox_for(ctx)
+        except CodexPolicyError as exc:
+            log.warning("refused a tool call: the client's sandbox state cannot be used: %s", exc)
+            return error_result(f"shell: cannot use the client's sandbox state: {exc}")
         except ExecgateError as exc:
             return error_result(f"shell: cannot set up the sandbox: {exc}")
         setup = CallSetup(
@@ -310,13 +312,14 @@ class McpFrontEnd:
         )
         asker = self.state.gate.approvals.recording(asker)
         log.info(
-            "tool call %d: %s in %s (timeout %d ms, %s, sandbox %s)",
+            "tool call %d: %s in %s (timeout %d ms, %s, sandbox from %s: %s)",
             call.id,
             args.command if len(args.command) < 200 else args.command[:200] + "…",
             args.workdir,
             args.timeout_ms,
             "login shell" if args.login else "non-login shell",
-            sandbox.describe() if sandbox else "off",
+            sandbox_source,
+            sandbox.describe(),
         )
         self.calls.add(call)
         call.start(asker)
@@ -455,29 +458,39 @@ class McpFrontEnd:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _sandbox_for(self, ctx: Context) -> SandboxSpec:
-        """The call's sandbox: the client's Codex sandbox state (per call in ``_meta``, or the
-        last ``codex/sandbox-state/update``) with its writable roots kept within the
-        workspace's bounds, else the configured profile. Never the call's ``workdir``."""
-        state = self.codex_sandbox
-        meta: dict[str, Any] = dict(ctx.meta or {})
-        per_call = meta.get(SANDBOX_STATE_META)
-        if isinstance(per_call, dict):
-            policy, cwd = per_call.get("sandboxPolicy"), per_call.get("sandboxCwd")
-            if isinstance(policy, dict) and isinstance(cwd, str):
-                state = _CodexSandbox(policy, self.options.cwd / cwd)
-        if state is None:
-            return self.options.sandbox
-        spec = spec_from_codex_policy(
-            state.policy, cwd=state.cwd, config=self.options.config.sandbox
+    def _client_spec(self, state: object) -> tuple[SandboxSpec, str]:
+        return spec_from_sandbox_state(
+            state, server_cwd=self.options.cwd, config=self.options.config.sandbox
         )
-        spec, dropped = spec.within(self.options.writable_bounds)
-        if dropped:
+
+    def _sandbox_for(self, ctx: Context) -> tuple[SandboxSpec, str]:
+        """The call's sandbox and where it came from: the client's Codex sandbox state (per
+        call in ``_meta``, else the last ``codex/sandbox-state/update``) with its writable roots
+        cut to the workspace's bounds, else the configured profile. Never the call's
+        ``workdir``. A state that cannot be enforced exactly raises
+        :class:`CodexPolicyError`: the call is refused, never run in another sandbox."""
+        meta: dict[str, Any] = dict(ctx.meta or {})
+        sent = [(key, meta[key]) for key in SANDBOX_STATE_KEYS if key in meta]
+        if sent:
+            if any(state != sent[0][1] for _, state in sent):
+                raise CodexPolicyError(
+                    "the client sent different sandbox states in "
+                    + " and ".join(SANDBOX_STATE_KEYS)
+                )
+            wish, field_name = self._client_spec(sent[0][1])
+            source = f"the client's {field_name} (_meta {' / '.join(k for k, _ in sent)})"
+        elif self.codex_sandbox is not None:
+            wish, field_name = self._client_spec(self.codex_sandbox)
+            source = f"the client's {field_name} ({SANDBOX_STATE_METHOD})"
+        else:
+            return self.options.sandbox, CONFIGURED
+        spec, cut = wish.within(self.options.writable_bounds)
+        if cut:
             log.warning(
-                "sandbox state: not writable, outside the workspace and --writable-root: %s",
-                ", ".join(map(str, dropped)),
+                "sandbox state: cut to the workspace and --writable-root (outside them): %s",
+                ", ".join(map(str, cut)),
             )
-        return spec
+        return spec, source
 
 
 async def serve(options: McpOptions) -> None:

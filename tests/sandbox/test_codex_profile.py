@@ -187,7 +187,7 @@ def test_carried_from_the_server_config() -> None:
                         "access": "read",
                     },
                 ]
-            ),  # fmt: skip
+            ),
             "unknown special path",
         ),
         (managed([_special("root", "read"), _path(WORK, "execute")]), "unknown access 'execute'"),

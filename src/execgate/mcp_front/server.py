@@ -83,6 +83,7 @@ SANDBOX_STATE_CAPABILITY = {"codex/sandbox-state": {"version": "1.0.0"}}
 #: Where a call's ``_meta`` carries Codex's sandbox state (0.169 sends both, the same object).
 SANDBOX_STATE_KEYS = ("codex/sandbox-state", "codex/sandbox-state-meta")
 CONFIGURED = "the server's configuration"
+CODEX_TURN_META = "x-codex-turn-metadata"
 
 Context = ServerRequestContext[Any, Any]
 
@@ -161,6 +162,28 @@ def _can_elicit(capabilities: types.ClientCapabilities | None) -> bool:
         return False
     # An empty `elicitation: {}` means form mode (2025-06-18 clients); URL-only cannot show forms.
     return elicitation.form is not None or elicitation.url is None
+
+
+def _is_codex(ctx: Context) -> bool:
+    params = ctx.session.client_params
+    name = params.client_info.name if params is not None else ""
+    return name.lower().startswith("codex")
+
+
+def _unattended(meta: object) -> str | None:
+    """Why Codex will answer this call's approval requests itself, from the turn metadata it
+    sends with each call (``x-codex-turn-metadata``), or None."""
+    turn = meta.get(CODEX_TURN_META) if isinstance(meta, dict) else None
+    if not isinstance(turn, dict):
+        return None
+    if turn.get("auto_review_enabled") is True:
+        return "Codex's automatic review answers approval requests"
+    if turn.get("turn_trigger") == "exec":
+        return (
+            "codex exec answers approval requests itself; for a human to answer, run "
+            "`execgate mcp --elicitation never` and use `execgate approvals`"
+        )
+    return None
 
 
 class McpFrontEnd:
@@ -308,7 +331,16 @@ class McpFrontEnd:
         call = ShellCall(setup, args)
         channel = self._channel(ctx, call)
         asker: Asker = CallAsker(
-            self.registry, CallInfo(call.id, args.command, args.workdir), channel, call.audit
+            self.registry,
+            CallInfo(
+                call.id,
+                args.command,
+                args.workdir,
+                unattended=_unattended(ctx.meta),
+                reason_field=not _is_codex(ctx),
+            ),
+            channel,
+            call.audit,
         )
         asker = self.state.gate.approvals.recording(asker)
         log.info(
@@ -338,9 +370,7 @@ class McpFrontEnd:
             return False  # an input request the client cannot fulfil fails the whole call
         if mode == "always":
             return True
-        params = ctx.session.client_params
-        name = params.client_info.name if params is not None else ""
-        return name.lower().startswith("codex")
+        return _is_codex(ctx)
 
     def _channel(self, ctx: Context, call: ShellCall) -> Channel:
         if not self._elicits(ctx):

@@ -135,6 +135,11 @@ def test_raw_wire_exchange_as_codex_sends_it(mcp: Mcp) -> None:
         {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
          "params": {"name": "shell", "arguments": {"command": "askme yes",
                                                    "workdir": str(mcp.work), "login": False}}},
+        # under `codex exec` (its turn metadata says so), Codex declines without asking anyone
+        {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+         "params": {"name": "shell", "_meta": {"x-codex-turn-metadata": {"turn_trigger": "exec"}},
+                    "arguments": {"command": "askme no", "workdir": str(mcp.work),
+                                  "login": False}}},
     ]  # fmt: skip
     process = subprocess.Popen(
         [sys.executable, *mcp.server_args()],
@@ -157,10 +162,14 @@ def test_raw_wire_exchange_as_codex_sends_it(mcp: Mcp) -> None:
             line = process.stdout.readline()
             assert line, "server closed stdout"
             reply = json.loads(line)
-            if reply.get("method") == "elicitation/create":  # answer as Codex does: accept, {}
+            if reply.get("method") == "elicitation/create":  # as Codex: accept {}, then decline
                 elicitations.append(reply["params"])
-                answer = {"jsonrpc": "2.0", "id": reply["id"],
-                          "result": {"action": "accept", "content": {}}}  # fmt: skip
+                result = (
+                    {"action": "accept", "content": {}}
+                    if message["id"] == 3
+                    else {"action": "decline"}
+                )
+                answer = {"jsonrpc": "2.0", "id": reply["id"], "result": result}  # fmt: skip
                 process.stdin.write(json.dumps(answer).encode() + b"\n")
                 process.stdin.flush()
             elif "id" in reply:
@@ -183,9 +192,15 @@ def test_raw_wire_exchange_as_codex_sends_it(mcp: Mcp) -> None:
     assert text.endswith('},"timed_out":false}')
     assert result["structuredContent"]["output"] == "a\x00be\n"
     assert b'"structuredContent"' in raw[2]
-    [asked] = elicitations
+    asked, _ = elicitations
     assert "/bin/askme yes` requires approval" in asked["message"]
+    # one field, so that Codex's TUI submits the form with one key
+    assert list(asked["requestedSchema"]["properties"]) == ["decision"]
+    assert asked["requestedSchema"]["properties"]["decision"]["enum"][0] == "once"
     assert json.loads(replies[3]["result"]["content"][0]["text"])["output"] == "askme ran:yes\n"
+    declined = json.loads(replies[4]["result"]["content"][0]["text"])["output"]
+    assert "the client declined without showing the question (codex exec" in declined
+    assert "by the user" not in declined
 
 
 # -- Codex 0.169: the state in every call's _meta (permissionProfile) ------------------------------

@@ -114,6 +114,17 @@ def test_sandbox_state_update_maps_codex_policies(mcp: Mcp) -> None:
             assert raised.value.error.message == "missing params for sandbox state request"
             # a rejected update changed nothing
             assert await writes(client) == {"work": "0", "outside": "1", "extra": "1"}
+            # the request may carry a permissionProfile too; one that cannot be enforced is
+            # rejected like a bad policy
+            root = {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"}
+            fs = {"type": "restricted", "entries": [root]}
+            read_only = {"type": "managed", "network": "restricted", "file_system": fs}
+            cwd = f"file://{mcp.work}"
+            await update(client, {"permissionProfile": read_only, "sandboxCwd": cwd})
+            assert await writes(client) == {"work": "1", "outside": "1", "extra": "1"}
+            with pytest.raises(MCPError) as raised:
+                await update(client, {"permissionProfile": {"type": "managed"}, "sandboxCwd": cwd})
+            assert raised.value.error.message == "failed to deserialize sandbox state"
 
     asyncio.run(scenario())
 

@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import secrets
 import shutil
 import tempfile
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from execgate import native, paths
+from execgate.decisionlog.recorder import DecisionLog, bounded_argv
 from execgate.errors import ExecgateError
 from execgate.files import make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
@@ -33,6 +32,7 @@ from execgate.gate.askers import DenyingAsker
 from execgate.gate.cleanenv import cleaned_variables
 from execgate.gate.escalation import (
     Action,
+    Approval,
     ApprovalRequest,
     Asker,
     EscalationPolicy,
@@ -46,6 +46,7 @@ from execgate.gate.program import GatedExec, runs_file, vouched
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import Answer, GateServer, Peer
 from execgate.gate.snapshot import SealedSnapshot
+from execgate.policy import allow_rule_line
 from execgate.sandbox import SandboxSpec
 from execgate.sandbox.guarded import guard
 from execgate.visible import VisibleFormatter, visible
@@ -74,32 +75,6 @@ class SessionDenied(ExecgateError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, exit_status=126)
-
-
-class AuditLog:
-    """Every decision as one JSON line (``--audit FILE``)."""
-
-    def __init__(self, path: Path) -> None:
-        fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        self._file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
-
-    def record(self, exec_: GatedExec, verdict: str, reason: str = "", **extra: object) -> None:
-        entry = {
-            "time": round(time.time(), 6),
-            "pid": exec_.pid,
-            "ppid": exec_.ppid,
-            "via": exec_.via,
-            "program": exec_.realpath or exec_.path,
-            "argv": list(exec_.argv),
-            "cwd": exec_.cwd,
-            "verdict": verdict,
-            **({"reason": reason} if reason else {}),
-            **extra,
-        }
-        self._file.write(json.dumps(entry, ensure_ascii=False) + "\n")
-
-    def close(self) -> None:
-        self._file.close()
 
 
 def log_escalations(path: Path | None = None) -> Path | None:
@@ -216,7 +191,7 @@ class EscalationSession:
         base_env: Mapping[str, str],
         gate_escalated: bool,
         approval_timeout: float,
-        audit: AuditLog | None,
+        decisions: DecisionLog | None,
         on_ask: Callable[[bool], None] | None,
         clean_escalated_env: Sequence[str] = (),
     ) -> None:
@@ -231,9 +206,11 @@ class EscalationSession:
         self.approval_timeout = approval_timeout
         self.token = secrets.token_hex(16)
         self.escalated_token = secrets.token_hex(16)
-        # Who answers questions, who is told when one starts/ends, where decisions are logged:
-        # they belong to whoever starts the session and may be replaced until start().
-        self.audit = audit
+        # Who answers questions, who is told when one starts/ends, where decisions are logged
+        # (and under which tool call): they belong to whoever starts the session and may be
+        # replaced until start().
+        self.decisions = decisions
+        self.call: int | None = None
         self.on_ask = on_ask
         self._closing = asyncio.Event()
         self._asks = 0
@@ -262,7 +239,7 @@ class EscalationSession:
         base_env: Mapping[str, str] | None = None,
         gate_escalated: bool = True,
         approval_timeout: float = 300.0,
-        audit: AuditLog | None = None,
+        decisions: DecisionLog | None = None,
         on_ask: Callable[[bool], None] | None = None,
         new_process_session: bool = False,
         clean_escalated_env: Sequence[str] = (),
@@ -281,7 +258,7 @@ class EscalationSession:
             base_env=os.environ if base_env is None else base_env,
             gate_escalated=gate_escalated,
             approval_timeout=approval_timeout,
-            audit=audit,
+            decisions=decisions,
             on_ask=on_ask,
             clean_escalated_env=clean_escalated_env,
         )
@@ -393,14 +370,17 @@ class EscalationSession:
         """Gate and start the session's own command (as if the session exec'd it)."""
         program = resolve_command(argv[0], cwd=cwd, path=env.get("PATH", os.defpath))
         exec_ = describe_exec(program, argv, cwd=cwd, via="session")
+        asked = None
         if self.live.fail_closed_reason:  # nothing runs, not even a shell's builtins
             action = Action(Verdict.DENY, self.live.fail_closed_reason)
         else:
             action = self.escalation.decide(exec_, confined=self.confined)
         if action.verdict == Verdict.ASK:
             assert action.approval is not None
-            action = await self._ask(action.approval, confined=self.confined)
-        self._record(exec_, action)
+            request = action.approval
+            action, approval = await self._ask(request, confined=self.confined)
+            asked = (request, approval)
+        self._record(exec_, action, asked)
         if action.verdict == Verdict.DENY:
             raise SessionDenied(self.denial(exec_, action.reason))
         escalate = action.verdict == Verdict.ESCALATE
@@ -433,14 +413,14 @@ class EscalationSession:
         else:
             log.warning("gate: request with a foreign token from pid %d", peer.pid)
             exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
+            self._record(exec_, Action(Verdict.DENY, "request not from this session"), closed=True)
             return protocol.encode_deny(self.denial(exec_, "request not from this session"))
         try:
             program, interpreters = inspect_descriptors(fds, request.interpreters)
         except IdentityError as exc:
             exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
             log.info("gate: refused a request from pid %d: %s", peer.pid, exc)
-            if self.audit:
-                self.audit.record(exec_, Verdict.DENY.value, str(exc))
+            self._record(exec_, Action(Verdict.DENY, str(exc)), closed=True)
             return protocol.encode_deny(self.denial(exec_, str(exc)))
         exec_ = vouched(GatedExec.from_request(request, program, interpreters), peer.pid)
         if self.live.fail_closed_reason:
@@ -453,6 +433,14 @@ class EscalationSession:
         self._record(exec_, action)
         return self._encode(exec_, request, fds[-1], action)
 
+    def refused(self, peer: Peer, why: str) -> None:
+        if self.decisions is not None:
+            call = self.call
+            self.decisions.record(
+                lambda: {"kind": "exec", "call": call, "pid": peer.pid, "decision": "deny",
+                         "source": "fail-closed", "reason": why}
+            )  # fmt: skip
+
     def _encode(self, exec_: GatedExec, request: ExecRequest, runs: int, action: Action) -> Answer:
         if action.verdict == Verdict.RUN:
             return protocol.RUN
@@ -460,7 +448,16 @@ class EscalationSession:
             return self._escalate(exec_, request, runs)
         return protocol.encode_deny(self.denial(exec_, action.reason))
 
-    def _record(self, exec_: GatedExec, action: Action) -> None:
+    def _record(
+        self,
+        exec_: GatedExec,
+        action: Action,
+        asked: tuple[ApprovalRequest, Approval] | None = None,
+        *,
+        closed: bool = False,
+    ) -> None:
+        """Log a decision: the escalations log at once, the decision log after the answer
+        (``closed``: refused without judging, or with the policy failed closed)."""
         if action.verdict == Verdict.ESCALATE:
             escalations.info(
                 "escalated %s (program %s, pid %d, cwd %s, sandbox %s)",
@@ -472,8 +469,12 @@ class EscalationSession:
             )
         elif action.verdict == Verdict.RUN and action.reason:
             escalations.info("%s: %s", exec_.display(), action.reason)
-        if self.audit:
-            self.audit.record(exec_, action.verdict.value, action.reason)
+        if self.decisions is not None:
+            closed = closed or (action.judgement is None and bool(self.live.fail_closed_reason))
+            call, sandbox = self.call, self.sandbox
+            self.decisions.record(
+                lambda: decision_entry(exec_, action, asked, closed, call, sandbox)
+            )
 
     async def _ask_then_answer(
         self,
@@ -483,13 +484,14 @@ class EscalationSession:
         approval: ApprovalRequest,
         confined: bool,
     ) -> bytes:
-        action = await self._ask(approval, confined=confined)
-        self._record(exec_, action)
+        action, answer_given = await self._ask(approval, confined=confined)
+        self._record(exec_, action, (approval, answer_given))
         answer = self._encode(exec_, request, runs, action)
         return answer if isinstance(answer, bytes) else await answer
 
-    async def _ask(self, request: ApprovalRequest, *, confined: bool) -> Action:
-        """Ask a human; a session that ends or a question nobody answers in time is a denial."""
+    async def _ask(self, request: ApprovalRequest, *, confined: bool) -> tuple[Action, Approval]:
+        """Ask a human; a session that ends or a question nobody answers in time is a denial.
+        Returns the action and the answer it follows from."""
         self._asks += 1
         if self._asks == 1 and self.on_ask:
             self.on_ask(True)
@@ -513,7 +515,7 @@ class EscalationSession:
             self._asks -= 1
             if self._asks == 0 and self.on_ask:
                 self.on_ask(False)
-        return self.escalation.resolve(request, approval, confined=confined)
+        return self.escalation.resolve(request, approval, confined=confined), approval
 
     # -- escalation ----------------------------------------------------------------------
 
@@ -555,6 +557,7 @@ class EscalationSession:
 
     def _cannot_escalate(self, exec_: GatedExec, error: BaseException) -> bytes:
         log.warning("gate: cannot escalate %s: %s", exec_.display(), error)
+        self._record(exec_, Action(Verdict.DENY, f"cannot escalate ({error})"), closed=True)
         return protocol.encode_deny(self.denial(exec_, f"cannot escalate ({error})"))
 
     # -- the end -------------------------------------------------------------------------
@@ -568,11 +571,70 @@ class EscalationSession:
             await self._launcher.shutdown(grace)
         if self._server is not None:
             await self._server.aclose()
-        if self.audit:
-            self.audit.close()
+        if self.decisions is not None:
+            self.decisions.flush()  # the log is the front end's; its records are written now
         if self.sealed_snapshot is not None:
             self.sealed_snapshot.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -- the decision log ------------------------------------------------------------------------
+
+# Who answered, as the decision log's ``source`` and ``answered_by`` say it.
+_ANSWERED_BY = {"execgate": "unanswered", "execgate approvals": "approvals"}
+
+
+def decision_entry(
+    exec_: GatedExec,
+    action: Action,
+    asked: tuple[ApprovalRequest, Approval] | None,
+    closed: bool,
+    call: int | None,
+    sandbox: SandboxSpec | None,
+) -> dict[str, object]:
+    """One decision as the decision log records it (built after the answer was sent)."""
+    judgement = action.judgement
+    approval = asked[1] if asked else None
+    argv, cut = bounded_argv(list(exec_.argv))
+    entry: dict[str, object] = {
+        "kind": "exec",
+        "call": call,
+        "pid": exec_.pid,
+        "ppid": exec_.ppid,
+        "cwd": exec_.cwd,
+        "program": exec_.realpath or exec_.path,
+        "argv": argv,
+        "argv_cut": cut or None,
+        "via": exec_.via,
+        "decision": action.verdict.value,
+        "sandbox": sandbox.describe() if sandbox else "off",
+    }
+    if judgement is not None and judgement.decision is not None:
+        entry["policy"] = judgement.decision.value
+        entry["rule"] = judgement.rule_locations()
+        entry["justification"] = judgement.justification()
+        entry["command"] = bounded_argv(list(judgement.command))[0]
+    by = _ANSWERED_BY.get(approval.by, approval.by) if approval else None
+    if closed:
+        entry["source"] = "fail-closed"
+    elif approval is not None:
+        entry["source"] = by
+    elif action.granted:
+        entry["source"] = "grant"
+    else:
+        entry["source"] = "rule" if judgement and judgement.decision else "none"
+    entry["reason"] = action.reason or None
+    if asked is not None:
+        request, approval = asked
+        entry["answer"] = approval.answer.value
+        entry["answered_by"] = by
+        entry["answer_reason"] = approval.reason  # the human's own words, if any
+        entry["prefix"] = list(request.prefix)
+        if approval.answer.value == "always" and request.offer_always:
+            # what UserApprovals.record appended (the grant `execgate approvals` lists)
+            entry["rule_line"] = allow_rule_line(request.prefix)
+            entry["rule_file"] = str(paths.user_default_rules_file())
+    return {k: v for k, v in entry.items() if v is not None}
 
 
 # -- the session's own command ---------------------------------------------------------------
@@ -615,8 +677,8 @@ class SessionReserve:
 
     Sessions are interchangeable only when opened with the same arguments (sandbox, base
     environment, policy); :meth:`take` hands out the spare when it matches and opens the next
-    one in the background. The asker, ``on_ask`` and audit log are the caller's: set them on
-    the session before ``start()``.
+    one in the background. The asker, ``on_ask``, decision log and call id are the caller's:
+    set them on the session before ``start()``.
     """
 
     def __init__(self) -> None:

@@ -68,6 +68,17 @@ echo alive
 DENIED = ("renamed", "hard", "myld", "myld-copy", "memfd", "procfd", "restored")
 
 
+def _routes(mode: str) -> str:
+    """Inside a sandbox a rule-named program is covered by its stand-in (reading it yields the
+    stand-in: tests/security/test_kernel_backstop.py), so there the copies start from copies
+    made before the session: the pre-existing look-alikes content identity is for inside."""
+    if mode == "off":
+        return ROUTES
+    return ROUTES.replace("M=$(command -v marker)", "M=./orig").replace(
+        '"$(command -v askme)"', "./askme-orig"
+    )
+
+
 def _prepare(bin_dir: Path, work: Path) -> None:
     """``askme``: the marker with one more byte (another program, which a prompt rule names),
     ``hard``: a hard link to the marker, and the memfd helper."""
@@ -75,6 +86,8 @@ def _prepare(bin_dir: Path, work: Path) -> None:
     with (bin_dir / "askme").open("ab") as askme:
         askme.write(b"\0")
     os.link(bin_dir / "marker", work / "hard")
+    shutil.copy(bin_dir / "marker", work / "orig")
+    shutil.copy(bin_dir / "askme", work / "askme-orig")
     (work / "memexec.py").write_text(MEMEXEC)
 
 
@@ -95,7 +108,7 @@ def test_run_copies_are_judged_as_the_program(attacker: Attacker, mode: str) -> 
     attacker.write_rules(RULES)
     _prepare(attacker.bin, attacker.work)
     attacker.give(attacker.base)
-    result = attacker.run(ROUTES, mode=mode, options=["--on-prompt", "deny"])
+    result = attacker.run(_routes(mode), mode=mode, options=["--on-prompt", "deny"])
     output = (result.stdout + result.stderr).decode()
     _check_routes(output, attacker.traces, asked=False)
     assert "execgate: denied: ./asked: ask first; prompts are set to deny" in output, output
@@ -142,7 +155,7 @@ def test_mcp_copies_are_judged_as_the_program(world: World, mode: str) -> None:
 
     async def scenario() -> str:
         async with world.client(*MODES[mode], elicit=answers) as client:
-            routes = payload(await client.call_tool("shell", shell_args(world.mcp, ROUTES)))
+            routes = payload(await client.call_tool("shell", shell_args(world.mcp, _routes(mode))))
             _check_routes(str(routes["output"]), traces, asked=True)
             for trace in traces.iterdir():
                 trace.unlink()

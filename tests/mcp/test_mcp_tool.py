@@ -222,7 +222,10 @@ def test_bad_rules_file_stops_start_up_with_one_line(mcp: Mcp) -> None:
     result = run_python(["mcp", "--rules", str(mcp.rules)], env=mcp.env, input="", timeout=60)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
-    assert lines[-1] == f"execgate: error: {mcp.rules}:1:1: invalid decision: deny (valid decisions: allow, prompt, forbidden)", lines
+    assert lines[-1] == (
+        f"execgate: error: {mcp.rules}:1:1: invalid decision: deny "
+        "(valid decisions: allow, prompt, forbidden)"
+    ), lines
     assert "Traceback" not in result.stderr
     assert result.stdout == ""  # nothing on the protocol channel
 

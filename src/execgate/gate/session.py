@@ -609,9 +609,7 @@ class EscalationSession:
             # answer has gone out (the next turn of the event loop).
             sandbox_text = self.sandbox_text
             try:
-                asyncio.get_running_loop().call_soon(
-                    _log_escalation, exec_, action, sandbox_text
-                )
+                asyncio.get_running_loop().call_soon(_log_escalation, exec_, action, sandbox_text)
             except RuntimeError:  # no loop (a synchronous caller): now
                 _log_escalation(exec_, action, sandbox_text)
         if self.decisions is not None:

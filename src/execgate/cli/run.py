@@ -22,7 +22,7 @@ from execgate.errors import ExecgateError
 from execgate.gate import orphans
 from execgate.gate.askers import DenyingAsker, TerminalAsker
 from execgate.gate.escalation import Asker
-from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
+from execgate.gate.livepolicy import GatePolicy, PolicySource
 from execgate.gate.reload import Loaded, PolicyReloader
 from execgate.gate.session import (
     EscalationSession,
@@ -32,6 +32,7 @@ from execgate.gate.session import (
     log_escalations,
 )
 from execgate.gate.skills import skill_scripts
+from execgate.policy import LoadedPolicy
 from execgate.sandbox import add_sandbox_arguments, sandbox_from_args
 from execgate.visible import VisibleFormatter
 
@@ -130,8 +131,8 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
 
 
 def _reloader(
-    source: PolicySource, gate: GatePolicy, first: PolicyLoad
-) -> PolicyReloader[PolicyLoad]:
+    source: PolicySource, gate: GatePolicy, first: LoadedPolicy
+) -> PolicyReloader[LoadedPolicy]:
     """Changed rules files are reloaded during the run (as ``execgate mcp`` does); an edit
     that does not load keeps the previous rules, and the terminal is told why."""
     handler = logging.StreamHandler(sys.stderr)
@@ -141,7 +142,7 @@ def _reloader(
     logger.setLevel(logging.INFO)
     logger.propagate = False
 
-    def load() -> Loaded[PolicyLoad]:
+    def load() -> Loaded[LoadedPolicy]:
         fresh = source.load()
         for warning in fresh.warnings:
             logger.warning("warning: %s", warning)

@@ -1,8 +1,8 @@
 """From policy decision to action: run here, escalate, deny, or ask a human first.
 
-:class:`EscalationPolicy` is the small interface the session calls for every exec that reaches
-the server. :class:`PolicyEscalation` is the default mapping (``allow`` → escalate, ``prompt`` →
-ask, ``forbidden`` → deny, no match → run). An :class:`Asker` answers ``ask`` actions: the
+:class:`PolicyEscalation` is what the session calls for every exec that reaches the server: it
+maps the policy's decision to an action (``allow`` → escalate, ``prompt`` → ask, ``forbidden`` →
+deny, no match → run). An :class:`Asker` answers ``ask`` actions: the
 terminal for ``execgate run``, MCP elicitation for ``execgate mcp``.
 """
 
@@ -211,16 +211,6 @@ class Action:
     granted: bool = False
 
 
-class EscalationPolicy(Protocol):
-    def decide(self, exec_: GatedExec, *, confined: bool) -> Action:
-        """Decide one exec. ``confined``: the caller runs inside the session's sandbox."""
-        ...
-
-    def resolve(self, request: ApprovalRequest, approval: Approval, *, confined: bool) -> Action:
-        """Turn a human's answer into the final action."""
-        ...
-
-
 @dataclass
 class SessionApprovals:
     """Prefixes a human allowed for the rest of this session."""
@@ -236,7 +226,8 @@ _ids = itertools.count(1)
 
 
 class PolicyEscalation:
-    """The default :class:`EscalationPolicy`.
+    """What a session calls for every exec that reaches the server (:meth:`decide`) and for
+    every human answer (:meth:`resolve`).
 
     ``policy`` is read on every decision, so a reload takes effect at once. ``user_approves``
     says whether an ``allow`` rule the user recorded ("always") covers a prompt (see

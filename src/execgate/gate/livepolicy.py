@@ -116,17 +116,6 @@ class LivePolicy:
 
 
 @dataclass(frozen=True)
-class PolicyLoad:
-    """One load of a front end's policy and what follows from it."""
-
-    policy: Policy
-    fail_closed_reason: str | None
-    layered: LoadedPolicy | None  # None for explicit rules files (no layers, no user layer)
-    watch_paths: list[Path]
-    warnings: list[str]
-
-
-@dataclass(frozen=True)
 class PolicySource:
     """Where a front end's policy comes from: exactly these rules files, or every layer that
     applies to ``cwd``."""
@@ -135,25 +124,11 @@ class PolicySource:
     cwd: Path
     config: Config
 
-    def load(self) -> PolicyLoad:
+    def load(self) -> LoadedPolicy:
         """Load it (``PolicyError`` names file:line:col when a file does not load)."""
         if self.rules:  # the admin's requirements still apply on top
-            chosen = load_chosen_policy(self.rules)
-            return PolicyLoad(
-                chosen.policy,
-                chosen.fail_closed_reason,
-                None,
-                list(chosen.watch_paths),
-                list(chosen.warnings),
-            )
-        layered = load_layered_policy(self.cwd, config=self.config)
-        return PolicyLoad(
-            layered.policy,
-            layered.fail_closed_reason,
-            layered,
-            list(layered.watch_paths),
-            list(layered.warnings),
-        )
+            return load_chosen_policy(self.rules)
+        return load_layered_policy(self.cwd, config=self.config)
 
 
 class GatePolicy:
@@ -163,7 +138,7 @@ class GatePolicy:
 
     def __init__(
         self,
-        load: PolicyLoad,
+        load: LoadedPolicy,
         *,
         search_path: str,
         ask_always: bool = False,
@@ -188,10 +163,10 @@ class GatePolicy:
             skill_script=skills.script_of if skills else lambda _: None,
         )
 
-    def apply(self, load: PolicyLoad) -> None:
+    def apply(self, load: LoadedPolicy) -> None:
         self.live.replace(load.policy, load.fail_closed_reason)
         self.approvals = _approvals(load)
 
 
-def _approvals(load: PolicyLoad) -> UserApprovals:
-    return UserApprovals(load.layered) if load.layered is not None else UserApprovals.none()
+def _approvals(load: LoadedPolicy) -> UserApprovals:
+    return UserApprovals(load) if load.layered else UserApprovals.none()

@@ -47,7 +47,7 @@ MAX_SLOW_REQUESTS = 8
 MAX_BUFFERED_BYTES = MAX_PAYLOAD + (1 << 20)
 SLOW_REQUEST_SECONDS = 30.0
 
-Answer = bytes | Awaitable[bytes]
+Reply = bytes | Awaitable[bytes]
 
 
 class Peer:
@@ -62,7 +62,7 @@ class Peer:
 
 
 class RequestHandler(Protocol):
-    def answer_exec(self, request: ExecRequest, fds: Sequence[int], peer: Peer) -> Answer:
+    def answer_exec(self, request: ExecRequest, fds: Sequence[int], peer: Peer) -> Reply:
         """The framed answer to an exec request, or an awaitable of it (a human is asked, or
         an escalation is being authorized). ``fds``: the descriptors that came with it, open
         until the answer has been sent."""

@@ -2,7 +2,7 @@
 
 :class:`EscalationSession` is what a front end (``execgate run``, one MCP ``shell`` call) opens
 around the command it gates. Data flows one way: the :class:`GateServer` reads a request, the
-session judges it with its :class:`EscalationPolicy` (asking a human through its
+session judges it with its :class:`PolicyEscalation` (asking a human through its
 :class:`Asker` when policy says ``prompt``), and escalations are carried out by the session's
 launcher: for an ``escalate`` decision the session authorizes a ticket at the launcher, and the
 client claims it there directly (docs/protocol.md §4, §7). Closing the session denies pending
@@ -42,7 +42,7 @@ from execgate.gate.escalation import (
     Approval,
     ApprovalRequest,
     Asker,
-    EscalationPolicy,
+    PolicyEscalation,
     Verdict,
     no_one_to_ask,
 )
@@ -51,7 +51,7 @@ from execgate.gate.launcher import LaunchedProcess, Launcher, LauncherError
 from execgate.gate.livepolicy import LivePolicy
 from execgate.gate.program import GatedExec, runs_file, vouched
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
-from execgate.gate.server import Answer, GateServer, Peer
+from execgate.gate.server import GateServer, Peer, Reply
 from execgate.gate.snapshot import SealedSnapshot
 from execgate.gate.standins import StandIns
 from execgate.policy import allow_rule_line
@@ -213,7 +213,7 @@ class SessionConfig:
     :attr:`key`\ s are interchangeable (:class:`SessionReserve` relies on it)."""
 
     live: LivePolicy
-    escalation: EscalationPolicy
+    escalation: PolicyEscalation
     sandbox: SandboxSpec | None = None
     #: The environment the session starts from (default: the server's own, at open()).
     base_env: Mapping[str, str] | None = None
@@ -494,7 +494,7 @@ class EscalationSession:
     def denial(exec_: GatedExec, reason: str) -> str:
         return f"execgate: denied: {exec_.display()}: {visible(reason, 2000)}"
 
-    def answer_exec(self, request: ExecRequest, fds: Sequence[int], peer: Peer) -> Answer:
+    def answer_exec(self, request: ExecRequest, fds: Sequence[int], peer: Peer) -> Reply:
         """``fds``: the descriptors that came with the request (the program, then each
         interpreter); they stay the server's and remain open until the answer is sent."""
         if request.token == self.token.encode():
@@ -539,7 +539,7 @@ class EscalationSession:
         confined: bool,
         *,
         standin: bool,
-    ) -> Answer:
+    ) -> Reply:
         try:
             contents = self.live.current_contents()
             program, interpreters = inspect_descriptors(fds, claimed, contents)
@@ -582,7 +582,7 @@ class EscalationSession:
         action: Action,
         *,
         standin: bool = False,
-    ) -> Answer:
+    ) -> Reply:
         """``standin``: the request came through a stand-in, whose program is not reachable
         inside the sandbox: `run` means the launcher runs it there, confined."""
         if action.verdict == Verdict.RUN:
@@ -668,7 +668,7 @@ class EscalationSession:
 
     def _escalate(
         self, exec_: GatedExec, request: ExecRequest, runs: int, *, confined: bool = False
-    ) -> Answer:
+    ) -> Reply:
         """Authorize a ticket at the launcher, then hand it to the client, which claims it
         there (§4). The authorization is written to the launcher before the answer is sent,
         so it is always there first. ``runs``: the descriptor of the file that was judged

@@ -3,7 +3,7 @@
 Every question a tool call's session asks becomes a :class:`Question` in the server's
 :class:`ApprovalRegistry`. It is answered by whichever comes first:
 
-* the MCP client, through the call's :class:`Channel`:
+* the MCP client, through the call's :class:`QuestionRoute`:
 
   - :class:`MidCallElicitation` -- an ``elicitation/create`` request while the call runs
     (protocol 2025-06-18 and 2025-11-25);
@@ -81,7 +81,7 @@ class Question:
     id: str
     request: ApprovalRequest
     call: CallInfo
-    channel: Channel
+    route: QuestionRoute
     future: asyncio.Future[Approval]
     asked_at: float = field(default_factory=time.time)
     _started: float = field(default_factory=time.monotonic)
@@ -121,12 +121,12 @@ class Question:
             "offer_always": self.request.offer_always,
             "asked_at": self.asked_at,
             "waited": round(self.waited, 3),
-            "asked_via": self.channel.kind,
+            "asked_via": self.route.kind,
             "tool_call": {"command": self.call.command, "workdir": self.call.workdir},
         }
 
 
-class Channel(Protocol):
+class QuestionRoute(Protocol):
     """How one tool call's questions reach the MCP client (besides the control socket)."""
 
     kind: str
@@ -395,36 +395,36 @@ class ApprovalRegistry:
     def pending(self) -> list[Question]:
         return [q for q in self._pending.values() if not q.settled]
 
-    async def ask(self, request: ApprovalRequest, call: CallInfo, channel: Channel) -> Approval:
+    async def ask(self, request: ApprovalRequest, call: CallInfo, route: QuestionRoute) -> Approval:
         loop = asyncio.get_running_loop()
         question = Question(
             id=f"{self._prefix}.{next(self._ids)}",
             request=request,
             call=call,
-            channel=channel,
+            route=route,
             future=loop.create_future(),
         )
         self._pending[question.id] = question
         log.info(
             "approval %s asked (%s): %s in %s [tool call %d]",
             question.id,
-            channel.kind,
+            route.kind,
             request.exec.display(),
             request.exec.cwd,
             call.call_id,
         )
         try:
-            channel.open(question)
+            route.open(question)
             try:
                 return await asyncio.wait_for(asyncio.shield(question.future), self.timeout)
             except TimeoutError:
                 question.settle(
-                    no_one_to_ask(request, channel.unanswered_why(question, self.timeout))
+                    no_one_to_ask(request, route.unanswered_why(question, self.timeout))
                 )
                 return question.future.result()
         finally:
             self._pending.pop(question.id, None)
-            channel.close(question)
+            route.close(question)
             if not question.future.done():
                 question.future.cancel()
 
@@ -452,14 +452,14 @@ class CallAsker:
         self,
         registry: ApprovalRegistry,
         call: CallInfo,
-        channel: Channel,
+        route: QuestionRoute,
     ) -> None:
         self.registry = registry
         self.call = call
-        self.channel = channel
+        self.route = route
 
     async def ask(self, request: ApprovalRequest) -> Approval:
-        approval = await self.registry.ask(request, self.call, self.channel)
+        approval = await self.registry.ask(request, self.call, self.route)
         words = _ANSWER_WORDS[approval.answer]
         log.info(
             "approval for %s: %s by %s%s",

@@ -50,7 +50,7 @@ from execgate.gate.escalation import (
     Judgement,
     Verdict,
 )
-from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
+from execgate.gate.livepolicy import GatePolicy, PolicySource
 from execgate.gate.reload import Loaded, PolicyReloader
 from execgate.gate.session import (
     SessionConfig,
@@ -66,10 +66,10 @@ from execgate.mcp_front.elicitation import (
     ApprovalRegistry,
     CallAsker,
     CallInfo,
-    Channel,
     InputRequests,
     MidCallElicitation,
     NoElicitation,
+    QuestionRoute,
     elicit_request,
 )
 from execgate.mcp_front.malformed import AnsweringMalformed
@@ -83,7 +83,7 @@ from execgate.mcp_front.tool import (
     tool_result,
 )
 from execgate.mcp_front.unified import ProcessStore, UnifiedError, UnifiedProcess
-from execgate.policy import Decision
+from execgate.policy import Decision, LoadedPolicy
 from execgate.sandbox import SandboxSpec
 from execgate.sandbox.codex import CodexPolicyError
 from execgate.sandbox.codex_profile import spec_from_sandbox_state
@@ -152,7 +152,7 @@ class PolicyState:
             self._load, self._apply, first.watch_paths, interval=options.reload_interval
         )
 
-    def _load(self) -> Loaded[PolicyLoad]:
+    def _load(self) -> Loaded[LoadedPolicy]:
         load = self.source.load()
         for warning in load.warnings:
             log.warning("%s", warning)
@@ -160,7 +160,7 @@ class PolicyState:
             log.warning("%s", load.fail_closed_reason)
         return Loaded(load, load.watch_paths)
 
-    def _apply(self, loaded: Loaded[PolicyLoad]) -> None:
+    def _apply(self, loaded: Loaded[LoadedPolicy]) -> None:
         self.gate.apply(loaded.value)
 
 
@@ -397,7 +397,7 @@ class McpFrontEnd:
             reserve=self.sessions,
         )
         call = ShellCall(setup, args)
-        channel = self._channel(ctx, call)
+        route = self._route(ctx, call)
         asker: Asker = CallAsker(
             self.registry,
             CallInfo(
@@ -407,7 +407,7 @@ class McpFrontEnd:
                 unattended=_unattended(ctx.meta),
                 reason_field=not _is_codex(ctx),
             ),
-            channel,
+            route,
         )
         asker = self.state.gate.approvals.recording(asker)
         log.info(
@@ -475,7 +475,7 @@ class McpFrontEnd:
         asker: Asker = CallAsker(
             self.registry,
             CallInfo(process.id, args.cmd, args.workdir),
-            self._unified_channel(ctx, process),
+            self._unified_route(ctx, process),
         )
         asker = self.state.gate.approvals.recording(asker)
         log.info(
@@ -564,7 +564,7 @@ class McpFrontEnd:
                 CallAsker(
                     self.registry,
                     CallInfo(0, command, workdir),
-                    self._direct_channel(ctx),
+                    self._direct_route(ctx),
                 )
             )
             approval = await asker.ask(question)
@@ -627,7 +627,7 @@ class McpFrontEnd:
                 )
             else:
                 asker = CallAsker(
-                    self.registry, CallInfo(0, argv[-1], workdir), self._direct_channel(ctx)
+                    self.registry, CallInfo(0, argv[-1], workdir), self._direct_route(ctx)
                 )
                 approval = await asker.ask(question)
             action = gate.escalation.resolve(question, approval, confined=True)
@@ -635,7 +635,7 @@ class McpFrontEnd:
                 return f"execgate: denied: source {visible(script, 500)}: {action.reason}"
         return None
 
-    def _direct_channel(self, ctx: Context) -> Channel:
+    def _direct_route(self, ctx: Context) -> QuestionRoute:
         """Questions asked outside a running call: the client (mid-call elicitation) when it
         can be asked that way, else `execgate approvals`."""
         if not self._elicits(ctx) or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
@@ -646,7 +646,7 @@ class McpFrontEnd:
 
         return MidCallElicitation(elicit)
 
-    def _unified_channel(self, ctx: Context, process: UnifiedProcess) -> Channel:
+    def _unified_route(self, ctx: Context, process: UnifiedProcess) -> QuestionRoute:
         """Questions of a unified process go to the client of the request that last
         interacted with it (mid-call elicitation), else to `execgate approvals`."""
         if not self._elicits(ctx) or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
@@ -675,7 +675,7 @@ class McpFrontEnd:
             return True
         return _is_codex(ctx)
 
-    def _channel(self, ctx: Context, call: ShellCall) -> Channel:
+    def _route(self, ctx: Context, call: ShellCall) -> QuestionRoute:
         if not self._elicits(ctx):
             legacy = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
 

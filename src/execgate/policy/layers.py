@@ -66,6 +66,9 @@ class LoadedPolicy:
     warnings: list[str] = field(default_factory=list)
     # Every rules folder consulted, by layer, in load order (for `execgate rules list`).
     folders: list[RulesSource] = field(default_factory=list)
+    # False for exactly the files given with --rules: no layers, no user layer to write "always"
+    # answers to.
+    layered: bool = True
 
 
 def default_rules_path() -> Path:
@@ -299,7 +302,7 @@ def load_chosen_policy(
         (RulesSource("file", Path(path)), compile_rules_file(Path(path), str(path), cache=store))
         for path in files
     ]
-    return _under_requirements(compiled, [Path(path) for path in files], [], fetch)
+    return _under_requirements(compiled, [Path(path) for path in files], [], fetch, layered=False)
 
 
 def _under_requirements(
@@ -307,6 +310,8 @@ def _under_requirements(
     watch: list[Path],
     folders: list[RulesSource],
     fetch: Fetcher,
+    *,
+    layered: bool = True,
 ) -> LoadedPolicy:
     """``files`` in order, with the admin requirements laid over them last."""
     builder = PolicyBuilder()
@@ -323,4 +328,5 @@ def _under_requirements(
         fail_closed_reason=requirements.fail_closed_reason,
         warnings=requirements.warnings,
         folders=folders,
+        layered=layered,
     )

@@ -9,7 +9,10 @@
  *                 hidden directories (control sockets) get an empty read-only tmpfs on top.
  *   capabilities  the bounding, inheritable and ambient sets are emptied (root stays uid 0 but
  *                 has no capability left, also after exec).
- *   seccomp       socket() only for AF_UNIX when the network is off; io_uring, TIOCSTI and
+ *   proxy mode    (--proxy-port) a network namespace with only loopback (netns.h); Landlock
+ *                 lets TCP connect only to the proxy's port there, binds nothing.
+ *   seccomp       socket() only for AF_UNIX when the network is off (and AF_INET/AF_INET6 in
+ *                 proxy mode: the namespace is the boundary); io_uring, TIOCSTI and
  *                 TIOCLINUX denied; other syscall ABIs (i386, x32) killed.
  *
  * Nothing here runs in the launcher itself: only the forked child is confined.
@@ -36,6 +39,8 @@ struct sb_config {
     struct sb_list protect;   /* --protect NAME: <root>/NAME kept read-only in every root */
     struct sb_list exec_dirs; /* --exec-dir PATH: extra places programs may be executed from */
     struct sb_list hide;      /* --hide DIR: an empty read-only directory mounted over it */
+    int proxy_port;           /* --proxy-port N: network through the proxy (netns.h), 0: no */
+    int proxy_report;         /* --proxy-report-fd FD: where listeners go (launcher's), or -1 */
 };
 
 /* The Landlock ABI the confined profiles need at least (TRUNCATE, Linux 6.2). */

@@ -16,10 +16,11 @@ from execgate.gate.escalation import (
     Answer,
     Approval,
     ApprovalRequest,
+    NetworkTarget,
     no_one_to_ask,
     rule_location,
 )
-from execgate.gate.program import parent_chain
+from execgate.gate.program import GatedExec, parent_chain
 from execgate.visible import command_line, quote_word, visible
 
 _CHOICES = {
@@ -53,6 +54,8 @@ def describe(request: ApprovalRequest) -> list[str]:
     chain = " ← ".join(
         f"{quote_word(comm)} ({pid})" for pid, comm in parent_chain(exec_.pid, depth=4)
     )
+    if request.network is not None:
+        return _describe_network(request.network, exec_, chain)
     justification = request.judgement.justification()
     lines = [
         f"execgate: `{exec_.display_judged()}` requires approval"
@@ -72,6 +75,24 @@ def describe(request: ApprovalRequest) -> list[str]:
     for match in request.judgement.deciding_matches():
         prefix = command_line(match.matched_prefix)
         lines.append(f"  rule:    {visible(rule_location(match))} (prefix `{prefix}`)")
+    return lines
+
+
+def _describe_network(net: NetworkTarget, exec_: GatedExec, chain: str) -> list[str]:
+    lines = [
+        f"execgate: network access to {net.display()} requires approval"
+        + (f": {visible(net.justification, 1000)}" if net.justification else "")
+    ]
+    lines.append(f"  address: {', '.join(net.addresses) or 'unknown'}")
+    if exec_.pid:
+        lines.append(f"  by:      {exec_.display(400)}")
+        lines.append(f"  process: {chain or exec_.pid}")
+    else:
+        lines.append("  by:      a process of the session (not identified)")
+    for rule in net.rules:
+        lines.append(f"  rule:    {visible(rule, 600)}")
+    if not net.rules:
+        lines.append("  rule:    none names this host (network.default = prompt)")
     return lines
 
 

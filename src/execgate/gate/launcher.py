@@ -190,6 +190,7 @@ class Launcher:
         new_session: bool,
         stderr: int | None = None,
         claim_path: Path | None = None,
+        proxy_report: int | None = None,
     ) -> Launcher:
         """Start a launcher whose ``sandboxed`` spawns are confined by ``sandbox``.
 
@@ -199,6 +200,8 @@ class Launcher:
         ``stderr``: where the launcher's own diagnostics go (default: inherited).
         ``claim_path``: where the launcher listens for escalation claims (§4), a socket created
         here, mode 0600, in a folder only we can write to; without it nothing can be claimed.
+        ``proxy_report``: for a sandbox with ``network_proxy``, the socket over which each
+        confined child sends the listener of its network namespace (native/netns.h).
         """
         if sandbox is not None:
             if sandbox.strict_exec:  # the gate's own wrapper must stay executable
@@ -216,6 +219,9 @@ class Launcher:
                 passed.append(claims.fileno())
             if sandbox is not None:
                 args += sandbox.launcher_args()
+            if proxy_report is not None:
+                args += ["--proxy-report-fd", str(proxy_report)]
+                passed.append(proxy_report)
             try:
                 process = subprocess.Popen(
                     args,

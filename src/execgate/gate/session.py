@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -33,6 +34,7 @@ from execgate.gate.askers import DenyingAsker
 from execgate.gate.cleanenv import cleaned_variables
 from execgate.gate.escalation import (
     Action,
+    Approval,
     ApprovalRequest,
     Asker,
     EscalationPolicy,
@@ -42,12 +44,16 @@ from execgate.gate.escalation import (
 from execgate.gate.identity import ExecFile, IdentityError, describe_path, inspect_descriptors
 from execgate.gate.launcher import LaunchedProcess, Launcher, LauncherError
 from execgate.gate.livepolicy import LivePolicy
+from execgate.gate.network import NetworkGate, NetworkSettings, listener_pair
 from execgate.gate.program import GatedExec, runs_file, vouched
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import Answer, GateServer, Peer
 from execgate.gate.snapshot import SealedSnapshot
+from execgate.netproxy.server import NetProxy, ProxyThread
+from execgate.netproxy.variables import PROXY_VARIABLE_NAMES, proxy_variables
 from execgate.sandbox import SandboxSpec
 from execgate.sandbox.guarded import guard
+from execgate.sandbox.spec import PROXY_PORT
 from execgate.visible import VisibleFormatter, visible
 
 log = logging.getLogger("execgate.session")
@@ -97,6 +103,11 @@ class AuditLog:
             **extra,
         }
         self._file.write(json.dumps(entry, ensure_ascii=False) + "\n")
+
+    def record_connection(self, entry: Mapping[str, object]) -> None:
+        """One decision on a connection through the session's proxy."""
+        line = {"time": round(time.time(), 6), "via": "network", **entry}
+        self._file.write(json.dumps(line, ensure_ascii=False) + "\n")
 
     def close(self) -> None:
         self._file.close()
@@ -219,6 +230,7 @@ class EscalationSession:
         audit: AuditLog | None,
         on_ask: Callable[[bool], None] | None,
         clean_escalated_env: Sequence[str] = (),
+        network: NetworkSettings | None = None,
     ) -> None:
         self.live = live
         self.escalation = escalation
@@ -250,6 +262,12 @@ class EscalationSession:
         self._server: GateServer | None = None
         self._launcher: Launcher | None = None
         self._env_rules: EnvRules | None = None
+        # Network through the proxy: the proxy's thread, and what points programs at it.
+        self.proxied = self.confined and sandbox is not None and sandbox.network_proxy
+        self.network = network or NetworkSettings()
+        self.proxy_env = proxy_variables(PROXY_PORT) if self.proxied else {}
+        self._proxy: ProxyThread | None = None
+        self.network_gate: NetworkGate | None = None
 
     @classmethod
     async def open(
@@ -266,11 +284,14 @@ class EscalationSession:
         on_ask: Callable[[bool], None] | None = None,
         new_process_session: bool = False,
         clean_escalated_env: Sequence[str] = (),
+        network: NetworkSettings | None = None,
     ) -> EscalationSession:
         """Open a session: its folder, gate socket and launcher.
 
         ``new_process_session``: the launcher (and so the whole tree) gets its own process
         session, detached from any terminal (the MCP server); otherwise it stays in ours.
+        ``network``: how connections through the proxy are decided (a sandbox with
+        ``network_proxy``).
         """
         native.verify_installation()  # never load an interposer that is not the installed one
         session = cls(
@@ -284,6 +305,7 @@ class EscalationSession:
             audit=audit,
             on_ask=on_ask,
             clean_escalated_env=clean_escalated_env,
+            network=network,
         )
         try:
             live.watch_in(asyncio.get_running_loop())
@@ -297,13 +319,43 @@ class EscalationSession:
                     readonly=readonly,
                     hidden=hidden,
                 )
-            session._launcher = await Launcher.start(
-                spec, new_session=new_process_session, claim_path=session.claim_path
-            )
+            report = session._start_proxy() if session.proxied else None
+            try:
+                session._launcher = await Launcher.start(
+                    spec,
+                    new_session=new_process_session,
+                    claim_path=session.claim_path,
+                    proxy_report=report.fileno() if report else None,
+                )
+            finally:
+                if report is not None:
+                    report.close()  # the launcher's now: its end closes with it
         except BaseException:
             await session.aclose()
             raise
         return session
+
+    def _start_proxy(self) -> socket.socket:
+        """Start the proxy's thread; returns the launcher's end of the report socket."""
+        loop = asyncio.get_running_loop()
+        self.network_gate = NetworkGate(
+            settings=self.network,
+            policy=lambda: self.live.policy,
+            fail_closed_reason=lambda: self.live.fail_closed_reason,
+            ask=lambda request: asyncio.run_coroutine_threadsafe(self.ask_human(request), loop),
+            record=lambda entry: loop.call_soon_threadsafe(self._record_connection, entry),
+            proxy_port=PROXY_PORT,
+        )
+        ours, theirs = listener_pair()
+        self._proxy = ProxyThread(NetProxy(self.network_gate), ours)
+        return theirs
+
+    def _record_connection(self, entry: dict[str, Any]) -> None:
+        """Every decision on a connection through the proxy (the one call site)."""
+        if entry.get("answer") != "allow":
+            log.info("proxy: %s", entry.get("reason") or entry)
+        if self.audit:
+            self.audit.record_connection(entry)
 
     async def __aenter__(self) -> EscalationSession:
         return self
@@ -333,6 +385,8 @@ class EscalationSession:
     def environment(self, env: Mapping[str, str], *, escalated: bool = False) -> list[bytes]:
         """``env`` plus the gate: the environment for a process of this session."""
         merged = {k: v for k, v in env.items() if k not in GATE_VARIABLES}
+        if not escalated:  # escalated programs are outside: the proxy is not theirs
+            merged.update(self.proxy_env)
         merged.update(self.gate_env(escalated=escalated))
         merged["LD_PRELOAD"] = self._with_preload(env.get("LD_PRELOAD"))
         return [os.fsencode(f"{k}={v}") for k, v in merged.items()]
@@ -348,10 +402,15 @@ class EscalationSession:
             cleaned = self.cleaned
             # The session's own values of the cleaned variables replace whatever the caller
             # made of them (SET); the caller's are dropped (DROP, DROP_PREFIXES).
+            # The proxy variables likewise: an escalated program (outside, not proxied) gets
+            # the session's own values, not the sandbox's proxy.
+            proxy = PROXY_VARIABLE_NAMES if self.proxied else ()
             overlay = {
                 k: v
                 for k, v in self.base_env.items()
-                if cleaned.covers(k) and k not in GATE_VARIABLES and k != "LD_PRELOAD"
+                if (cleaned.covers(k) or k in proxy)
+                and k not in GATE_VARIABLES
+                and k != "LD_PRELOAD"
             }
             user_preload = self.base_env.get("LD_PRELOAD")
             if self.gate_escalated:
@@ -359,7 +418,7 @@ class EscalationSession:
                 overlay["LD_PRELOAD"] = self._with_preload(user_preload)
             elif user_preload:
                 overlay["LD_PRELOAD"] = user_preload
-            drop = dict.fromkeys([*GATE_VARIABLES, "LD_PRELOAD", *sorted(cleaned.names)])
+            drop = dict.fromkeys([*GATE_VARIABLES, "LD_PRELOAD", *sorted(cleaned.names), *proxy])
             self._env_rules = EnvRules(
                 drop=tuple(os.fsencode(name) for name in drop),
                 drop_prefixes=tuple(os.fsencode(prefix) for prefix in cleaned.prefixes),
@@ -489,6 +548,10 @@ class EscalationSession:
         return answer if isinstance(answer, bytes) else await answer
 
     async def _ask(self, request: ApprovalRequest, *, confined: bool) -> Action:
+        approval = await self.ask_human(request)
+        return self.escalation.resolve(request, approval, confined=confined)
+
+    async def ask_human(self, request: ApprovalRequest) -> Approval:
         """Ask a human; a session that ends or a question nobody answers in time is a denial."""
         self._asks += 1
         if self._asks == 1 and self.on_ask:
@@ -513,7 +576,7 @@ class EscalationSession:
             self._asks -= 1
             if self._asks == 0 and self.on_ask:
                 self.on_ask(False)
-        return self.escalation.resolve(request, approval, confined=confined)
+        return approval
 
     # -- escalation ----------------------------------------------------------------------
 
@@ -568,6 +631,9 @@ class EscalationSession:
             await self._launcher.shutdown(grace)
         if self._server is not None:
             await self._server.aclose()
+        if self._proxy is not None:  # its listeners' namespaces are gone: nothing is left
+            await asyncio.get_running_loop().run_in_executor(None, self._proxy.stop)
+            self._proxy = None
         if self.audit:
             self.audit.close()
         if self.sealed_snapshot is not None:
@@ -636,6 +702,7 @@ class SessionReserve:
             kwargs.get("approval_timeout", 300.0),
             kwargs.get("new_process_session", False),
             tuple(kwargs.get("clean_escalated_env", ())),
+            kwargs.get("network"),
         )
 
     async def take(self, **kwargs: Any) -> EscalationSession:

@@ -25,6 +25,7 @@ from pathlib import Path
 from execgate.errors import ExecgateError
 from execgate.gate.escalation import Asker, EscalationPolicy
 from execgate.gate.livepolicy import LivePolicy
+from execgate.gate.network import NetworkSettings
 from execgate.gate.session import AuditLog, EscalationSession, SessionDenied, SessionReserve
 from execgate.mcp_front.elicitation import InputRequests
 from execgate.mcp_front.tool import (
@@ -112,6 +113,7 @@ class CallSetup:
     audit_path: Path | None = None
     clean_escalated_env: tuple[str, ...] = ()
     reserve: SessionReserve = field(default_factory=SessionReserve)
+    network: NetworkSettings | None = None
 
 
 OutputListener = Callable[[bytes], None]
@@ -200,6 +202,7 @@ class ShellCall:
                 clean_escalated_env=self.setup.clean_escalated_env,
                 approval_timeout=self.setup.approval_timeout,
                 new_process_session=True,
+                network=self.setup.network,
             )
             session.asker, session.on_ask, session.audit = asker, self._on_ask, self.audit
             env = {**self.setup.base_env, "PWD": self.args.workdir}

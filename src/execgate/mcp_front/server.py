@@ -42,6 +42,7 @@ from execgate.config import Config
 from execgate.errors import ExecgateError
 from execgate.gate.escalation import Asker
 from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
+from execgate.gate.network import NetworkSettings, default_for
 from execgate.gate.session import SessionReserve, log_escalations
 from execgate.mcp_front.calls import CallSetup, ProgressPump, ShellCall
 from execgate.mcp_front.control import ControlServer
@@ -189,6 +190,12 @@ class McpFrontEnd:
         self.server.add_request_handler(SANDBOX_STATE_METHOD, _RawParams, self._sandbox_state)
         # Each call opens a session; one is kept open ahead of the next call.
         self.sessions = SessionReserve()
+        # One object for every call (the reserve hands out sessions opened with equal ones).
+        self.network = NetworkSettings(
+            default=default_for(options.config.network.default, can_ask=not options.on_prompt_deny),
+            hosts_file=options.config.network.hosts_file,
+            approvals=lambda: self.state.gate.approvals,
+        )
 
     def _info(self) -> dict[str, Any]:
         return {
@@ -302,6 +309,7 @@ class McpFrontEnd:
             approval_timeout=self.options.approval_timeout + 10,
             audit_path=self.options.audit,
             reserve=self.sessions,
+            network=self.network,
         )
         call = ShellCall(setup, args)
         channel = self._channel(ctx, call)

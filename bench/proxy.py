@@ -179,7 +179,8 @@ def main() -> int:
             proxied.append(transfer(source_port, proxy_port, size))
         d, p = statistics.median(direct), statistics.median(proxied)
         mib = size / (1 << 20)
-        print(f"direct   {mib / d:9.0f} MiB/s  ({mib:.0f} MiB in {d:.2f} s, median of {args.rounds})")
+        rounds = args.rounds
+        print(f"direct   {mib / d:9.0f} MiB/s  ({mib:.0f} MiB in {d:.2f} s, median of {rounds})")
         print(f"proxied  {mib / p:9.0f} MiB/s  ({mib:.0f} MiB in {p:.2f} s, through CONNECT)")
         ratio = d / p
         print(f"ratio    {ratio:9.2f}  (proxied / direct throughput; target >= 0.80)")

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mcp"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mcp"))  # mcpharness
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # gate.test_run_terminal
 
+from mcpharness import Mcp, clean_up, make_world
 from netservers import Servers, start_servers
 
 EXECGATE = [sys.executable, "-m", "execgate"]
@@ -129,3 +131,10 @@ def proxied(request: pytest.FixtureRequest, servers: Servers, tmp_path: Path) ->
 @pytest.fixture
 def proxied_root(tmp_path: Path, servers: Servers) -> Proxied:
     return _proxied(servers, tmp_path, None)
+
+
+@pytest.fixture
+def mcp(tmp_path: Path) -> Iterator[Mcp]:
+    world = make_world(tmp_path)
+    yield world
+    clean_up(world)

@@ -178,8 +178,18 @@ def test_every_decision_is_logged_with_the_process_that_made_it(proxied_root: Pr
     assert f"http://bad.test:{s.http_port}/cause" in denied[0]["argv"]
 
 
-def test_escalated_programs_are_not_proxied(proxied_root: Proxied) -> None:
-    done = proxied_root.run('echo "inside=$HTTPS_PROXY"; printenv HTTPS_PROXY; echo "rc=$?"')
-    lines = done.stdout.splitlines()
-    assert lines[0] == "inside=http://127.0.0.1:3128"
-    assert lines[1] == "rc=1"  # escalated printenv: no proxy variable (the session had none)
+def test_proxy_variables_come_back_on_every_exec_but_not_for_escalations(
+    proxied_root: Proxied,
+) -> None:
+    done = proxied_root.run(
+        """        env -u HTTP_PROXY -u no_proxy HTTPS_PROXY=http://elsewhere:1 \\
+            bash -c 'echo "$HTTP_PROXY $HTTPS_PROXY $no_proxy"'
+        env -i /bin/bash -c 'echo "$ALL_PROXY"'
+        printenv HTTPS_PROXY; echo "rc=$?"
+        """
+    )
+    assert done.stdout.splitlines() == [
+        "http://127.0.0.1:3128 http://127.0.0.1:3128 localhost,127.0.0.1,::1",
+        "socks5h://127.0.0.1:3128",
+        "rc=1",  # escalated printenv runs outside: no proxy variable (the session had none)
+    ], done.stderr

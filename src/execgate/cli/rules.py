@@ -347,7 +347,7 @@ def explain_host(
             raise ExecgateError(f"--host {host!r}: {exc}") from None
         lines.append(f"{judgement.host} over {protocol}:")
         if protocol == "socks5_udp":
-            lines.append("  the proxy relays no UDP (no UDP ASSOCIATE): refused, whatever the rules")
+            lines.append("  the proxy relays no UDP (no UDP ASSOCIATE): always refused")
             continue
         for rule in judgement.matches:
             layer = layers.get(rule.source.path, "") if rule.source else ""

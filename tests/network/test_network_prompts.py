@@ -78,3 +78,27 @@ def test_mcp_elicits_a_prompted_host_accept_and_decline(mcp: Mcp, servers: Serve
     )
     assert f"by:      curl -sS {url}/a" in asked.message
     assert "asked by the agent's shell command" in asked.message
+
+
+def test_execgate_approvals_answers_a_prompted_host(mcp: Mcp, servers: Servers) -> None:
+    """A client that cannot ask: the question waits in `execgate approvals`."""
+    _mcp_world(mcp, servers)
+    url = f"http://ask.test:{servers.http_port}"
+
+    async def scenario() -> None:
+        async with mcp.client() as client:
+            call = asyncio.ensure_future(
+                client.call_tool("shell", shell_args(mcp, f"curl -sS {url}/c"))
+            )
+            [pending] = await asyncio.to_thread(mcp.wait_for, mcp.pending, "a pending approval")
+            assert pending["network"]["host"] == "ask.test"
+            assert pending["network"]["addresses"] == ["127.0.0.1"]
+            listing = await asyncio.to_thread(mcp.approvals, "list")
+            assert f"network access to ask.test port {servers.http_port} (http)" in listing.stdout
+            assert f"by:      curl -sS {url}/c" in listing.stdout
+            answered = await asyncio.to_thread(mcp.approvals, "allow", str(pending["id"]))
+            assert answered.returncode == 0, answered.stderr
+            data = payload(await call)
+        assert data["output"] == f"hello ask.test:{servers.http_port} /c\n"
+
+    asyncio.run(scenario())

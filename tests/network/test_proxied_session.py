@@ -70,9 +70,9 @@ def test_forbidden_and_unknown_hosts_are_refused_naming_the_rule(proxied: Proxie
     assert "hello" not in out
 
 
-def test_pip_downloads_from_a_local_index_allowed_by_rule(proxied: Proxied) -> None:
-    s = proxied.servers
-    done = proxied.run(
+def test_pip_downloads_from_a_local_index_allowed_by_rule(proxied_root: Proxied) -> None:
+    s = proxied_root.servers
+    done = proxied_root.run(
         f"""\
         python3 -m pip download --no-deps --trusted-host pypi.test \\
             --index-url http://pypi.test:{s.http_port}/simple/ \\
@@ -133,12 +133,12 @@ attempt("other loopback port", lambda: tcp("127.0.0.1", 8080))
     assert lines[-1] == "still working"
 
 
-def test_internal_addresses_need_a_rule_naming_the_host(proxied: Proxied) -> None:
+def test_internal_addresses_need_a_rule_naming_the_host(proxied_root: Proxied) -> None:
     """DNS rebinding into the local network: with every host allowed by default, a name that
     resolves to loopback is still refused unless a rule names it."""
-    proxied.configure('default = "allow"\n')
-    s = proxied.servers
-    done = proxied.run(
+    proxied_root.configure('default = "allow"\n')
+    s = proxied_root.servers
+    done = proxied_root.run(
         f"""\
         curl -sS -m 20 http://rebind.test:{s.http_port}/; echo "rc=$?"
         curl -sS -m 20 http://good.test:{s.http_port}/named

@@ -33,6 +33,9 @@ log = logging.getLogger("execgate.netproxy")
 #: Seconds a client has to send its request head, and the proxy to reach a server.
 HEAD_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 15.0
+#: Open connections per listener: beyond it a newcomer is closed at once, so a session cannot
+#: use up the server's descriptors (which the gate needs to answer execs).
+MAX_CONNECTIONS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,7 @@ class NetProxy:
     async def serve_listener(self, listener: socket.socket, origin: Origin) -> None:
         """Accept on ``listener`` until cancelled; each connection in this task group."""
         listener.setblocking(False)
+        slots = anyio.Semaphore(MAX_CONNECTIONS)
         try:
             async with anyio.create_task_group() as group:
                 while True:
@@ -115,19 +119,28 @@ class NetProxy:
                         log.error("proxy: accept failed: %s", exc)
                         await anyio.sleep(0.05)
                         continue
+                    try:
+                        slots.acquire_nowait()  # released when the connection is done
+                    except anyio.WouldBlock:
+                        log.warning("proxy: %d connections open: refusing more", MAX_CONNECTIONS)
+                        conn.close()
+                        continue
                     conn.setblocking(False)
                     port = address[1] if isinstance(address, tuple) else 0
-                    group.start_soon(self._serve, conn, origin, port)
+                    group.start_soon(self._serve, conn, origin, port, slots)
         finally:
             listener.close()
 
-    async def _serve(self, conn: socket.socket, origin: Origin, peer_port: int) -> None:
+    async def _serve(
+        self, conn: socket.socket, origin: Origin, peer_port: int, slots: anyio.Semaphore
+    ) -> None:
         try:
             await self._handle(conn, origin, peer_port)
         except Exception:  # one connection never takes the proxy down
             log.exception("proxy: connection failed")
         finally:
             conn.close()
+            slots.release()
 
     async def _handle(self, conn: socket.socket, origin: Origin, peer_port: int) -> None:
         buffer = bytearray()

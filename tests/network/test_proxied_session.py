@@ -13,8 +13,9 @@ SOCKS = """\
 import socket, sys
 s = socket.create_connection(("127.0.0.1", 3128))
 s.sendall(b"\\x05\\x01\\x00"); assert s.recv(2) == b"\\x05\\x00"
-host = sys.argv[1].encode()
-s.sendall(b"\\x05\\x01\\x00\\x03" + bytes([len(host)]) + host + int(sys.argv[2]).to_bytes(2, "big"))
+host, command = sys.argv[1].encode(), bytes([int(sys.argv[3]) if len(sys.argv) > 3 else 1])
+s.sendall(b"\\x05" + command + b"\\x00\\x03" + bytes([len(host)]) + host
+          + int(sys.argv[2]).to_bytes(2, "big"))
 print("socks reply", s.recv(10)[1])
 """
 
@@ -54,6 +55,7 @@ def test_forbidden_and_unknown_hosts_are_refused_naming_the_rule(proxied: Proxie
         curl -sS -m 20 -o /dev/null -w '%{{http_code}}\\n' http://nobody.test:{s.http_port}/
         python3 -c '{SOCKS}' bad.test {s.http_port}
         python3 -c '{SOCKS}' good.test {s.http_port}
+        python3 -c '{SOCKS}' good.test 53 3
         """
     )
     out = done.stdout
@@ -67,6 +69,7 @@ def test_forbidden_and_unknown_hosts_are_refused_naming_the_rule(proxied: Proxie
     assert "403\n" in out  # nobody.test: no rule, network.default = deny
     assert "socks reply 2\n" in out  # "connection not allowed by ruleset"
     assert "socks reply 0\n" in out
+    assert "socks reply 7\n" in out  # UDP ASSOCIATE: command not supported, no UDP leaves
     assert "hello" not in out
 
 
@@ -111,6 +114,20 @@ attempt("packet socket", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW
 attempt("netlink socket", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW))
 attempt("listen", listen)
 attempt("other loopback port", lambda: tcp("127.0.0.1", 8080))
+import os
+opened = 0  # the proxy side (any socket of any process, the server included) by /proc
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        fds = os.listdir(f"/proc/{{pid}}/fd")
+    except OSError:
+        continue
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{{pid}}/fd/{{fd}}").startswith("socket:"):
+                os.close(os.open(f"/proc/{{pid}}/fd/{{fd}}", os.O_RDWR)); opened += 1
+        except OSError:
+            pass
+print("sockets opened through /proc:", opened)
 """
     done = proxied.run(
         f"""\
@@ -126,7 +143,8 @@ attempt("other loopback port", lambda: tcp("127.0.0.1", 8080))
     )
     lines = done.stdout.splitlines()
     assert not [line for line in lines if "REACHED" in line], done.stdout
-    assert sum(" failed " in line for line in lines) == 9, done.stdout
+    assert sum(" failed " in line for line in lines) == 9, done.stdout + done.stderr
+    assert "sockets opened through /proc: 0" in lines
     assert "proxy port 403" in lines
     assert "loopback 403" in lines
     assert "second hop 000" in lines or "second hop 403" in lines, done.stdout

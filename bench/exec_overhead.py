@@ -11,6 +11,8 @@ Configurations:
   run (round trip)      a rule names `true` but does not match: every exec asks the server
   run, workspace-write  as "run (snapshot)", inside the workspace-write sandbox
   escalate              `true` allowed, in workspace-write: every exec is escalated
+  ..., no decision log  the same with `[log] enabled = false`: what the always-on decision
+                        log costs a server-decided or escalated exec (target: at most 3%)
 Targets (issue #3): run <= 1.25x plain, escalate <= 2x plain. Codex's shell-tool MCP measures
 about 2.4x and 4.2x on the same kind of loop (shared/reference/anchor-observed.md).
 """
@@ -41,6 +43,11 @@ CONFIGS: dict[str, tuple[str | None, list[str]]] = {
     ),
     "escalate": ('prefix_rule(["true"], "allow")\n', ["--sandbox", "workspace-write"]),
 }
+# Configurations run again with the decision log off: name -> the configuration it mirrors.
+NO_LOG = {
+    "round trip, no log": "run (round trip)",
+    "escalate, no log": "escalate",
+}
 
 
 def measure(rules: Path | None, options: list[str], execs: int, env: dict[str, str]) -> int:
@@ -67,6 +74,10 @@ def main() -> None:
             "EXECGATE_HOME": str(home / "execgate"),
             "LANG": "C.UTF-8",
         }
+        quiet = home / "execgate-no-log"
+        quiet.mkdir()
+        (quiet / "config.toml").write_text("[log]\nenabled = false\n")
+        no_log_env = {**env, "EXECGATE_HOME": str(quiet)}
         rules: dict[str, Path | None] = {}
         for name, (text, _) in CONFIGS.items():
             if text is None:
@@ -75,10 +86,13 @@ def main() -> None:
                 path = home / f"{len(rules)}.rules"
                 path.write_text(text)
                 rules[name] = path
-        samples: dict[str, list[int]] = {name: [] for name in CONFIGS}
+        samples: dict[str, list[int]] = {name: [] for name in [*CONFIGS, *NO_LOG]}
         for _ in range(args.rounds):
             for name, (_, options) in CONFIGS.items():
                 samples[name].append(measure(rules[name], options, args.execs, env))
+            for name, mirrored in NO_LOG.items():
+                options = CONFIGS[mirrored][1]
+                samples[name].append(measure(rules[mirrored], options, args.execs, no_log_env))
     plain = statistics.median(samples["plain"])
     print(f"per-exec cost, bash loop of {args.execs} /bin/true, median of {args.rounds} rounds")
     print(f"machine: {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}")
@@ -88,6 +102,10 @@ def main() -> None:
             f"  {name:22} {median:7.0f} us/exec  {median / plain:5.2f}x plain"
             f"   (min {min(values)}, max {max(values)})"
         )
+    for name, mirrored in NO_LOG.items():
+        with_log = statistics.median(samples[mirrored])
+        without = statistics.median(samples[name])
+        print(f"  decision log cost, {mirrored}: {with_log / without:5.3f}x (target <= 1.03x)")
 
 
 if __name__ == "__main__":

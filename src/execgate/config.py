@@ -44,6 +44,29 @@ class NetworkConfig:
 
 
 @dataclass(frozen=True)
+class LogConfig:
+    """``[log]``: the decision log (``execgate log``)."""
+
+    enabled: bool = True
+    max_bytes: int = 8 * 1024 * 1024  # size at which decisions.jsonl rotates
+    keep: int = 4  # rotated files kept
+
+
+OTEL_PROTOCOLS = ("http/protobuf", "grpc")
+
+
+@dataclass(frozen=True)
+class OtelConfig:
+    """``[otel]``: export decisions as OTLP logs (``pip install 'execgate[otel]'``). Unset
+    fields fall back to the standard ``OTEL_EXPORTER_OTLP_*`` variables."""
+
+    endpoint: str | None = None
+    protocol: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    include_arguments: bool = False  # argv, cwd and reasons; redacted by default
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path | None = None
     import_codex_rules: bool = True
@@ -56,6 +79,8 @@ class Config:
     clean_escalated_env: tuple[str, ...] = ()
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    otel: OtelConfig = field(default_factory=OtelConfig)
 
 
 _TOML_NAMES = {dict: "table", list: "array", str: "string", bool: "boolean", int: "integer",
@@ -135,6 +160,45 @@ def _network(path: Path, table: dict[str, Any]) -> NetworkConfig:
     return NetworkConfig(default=default, hosts_file=hosts)
 
 
+def _log(path: Path, table: dict[str, Any]) -> LogConfig:
+    for key in table:
+        if key not in ("enabled", "max_bytes", "keep"):
+            raise ExecgateError(f"{path}: unknown key `log.{key}`")
+    enabled = _check(path, "log.enabled", table.get("enabled", True), bool)
+    max_bytes = _check(path, "log.max_bytes", table.get("max_bytes", LogConfig.max_bytes), int)
+    keep = _check(path, "log.keep", table.get("keep", LogConfig.keep), int)
+    if max_bytes < 4096 or keep < 0:
+        raise ExecgateError(f"{path}: `log.max_bytes` must be at least 4096 and `log.keep` >= 0")
+    return LogConfig(enabled=enabled, max_bytes=max_bytes, keep=keep)
+
+
+def _otel(path: Path, table: dict[str, Any]) -> OtelConfig:
+    for key in table:
+        if key not in ("endpoint", "protocol", "headers", "include_arguments"):
+            raise ExecgateError(f"{path}: unknown key `otel.{key}`")
+    endpoint = table.get("endpoint")
+    if endpoint is not None:
+        _check(path, "otel.endpoint", endpoint, str)
+        if not endpoint.startswith(("http://", "https://")):
+            raise ExecgateError(f"{path}: `otel.endpoint` must be an http:// or https:// URL")
+    protocol = table.get("protocol")
+    if protocol is not None and protocol not in OTEL_PROTOCOLS:
+        raise ExecgateError(
+            f"{path}: `otel.protocol` must be one of {', '.join(OTEL_PROTOCOLS)}, got {protocol!r}"
+        )
+    headers = _check(path, "otel.headers", table.get("headers", {}), dict)
+    return OtelConfig(
+        endpoint=endpoint,
+        protocol=protocol,
+        headers=tuple(
+            (k, _check(path, f"otel.headers.{k}", v, str)) for k, v in sorted(headers.items())
+        ),
+        include_arguments=_check(
+            path, "otel.include_arguments", table.get("include_arguments", False), bool
+        ),
+    )
+
+
 def load_config(path: Path | None = None) -> Config:
     """Read the config file (default ``$EXECGATE_HOME/config.toml``); absent means defaults."""
     path = path or paths.config_file()
@@ -155,6 +219,8 @@ def load_config(path: Path | None = None) -> Config:
         "clean_escalated_env",
         "sandbox",
         "network",
+        "log",
+        "otel",
     }
     for key in data:
         if key not in known:
@@ -177,4 +243,6 @@ def load_config(path: Path | None = None) -> Config:
         clean_escalated_env=clean,
         sandbox=_sandbox(path, _check(path, "sandbox", data.get("sandbox", {}), dict)),
         network=_network(path, _check(path, "network", data.get("network", {}), dict)),
+        log=_log(path, _check(path, "log", data.get("log", {}), dict)),
+        otel=_otel(path, _check(path, "otel", data.get("otel", {}), dict)),
     )

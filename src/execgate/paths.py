@@ -73,7 +73,22 @@ def cache_dir() -> Path:
 
 
 def log_dir() -> Path:
-    return execgate_home() / "log"
+    """The decision log and the escalations log: ``$EXECGATE_HOME/log`` when that variable is
+    set, else the XDG state folder (``$XDG_STATE_HOME/execgate``, default
+    ``~/.local/state/execgate``)."""
+    if os.environ.get("EXECGATE_HOME"):
+        return execgate_home() / "log"
+    return _xdg_state_home() / "execgate"
+
+
+def _xdg_state_home() -> Path:
+    value = os.environ.get("XDG_STATE_HOME")
+    return Path(value) if value and os.path.isabs(value) else Path.home() / ".local" / "state"
+
+
+def decision_log_file() -> Path:
+    """The user's decision log (every session appends to it): ``log_dir()/decisions.jsonl``."""
+    return log_dir() / "decisions.jsonl"
 
 
 #: The longest file name a control channel puts in :func:`control_dir` (``mcp-<pid>.sock``).
@@ -101,13 +116,16 @@ def control_dir() -> Path:
 
 def state_paths() -> list[Path]:
     """Everything that decides what a session may do, or records it: execgate's home (rules,
-    ``config.toml``, trusted projects, caches, logs, approvals, control sockets), the system
+    ``config.toml``, trusted projects, caches, approvals, control sockets), its logs (also the
+    default XDG state folder), the system
     folders of execgate and Codex (rules, admin requirements), and Codex's user rules folders,
     also the default ones when variables move them (a later run may not set the variables).
     No gated process may write any of them."""
     return [
         execgate_home(),
         Path.home() / ".execgate",
+        log_dir(),
+        Path.home() / ".local" / "state" / "execgate",
         system_dir(),
         codex_system_dir(),
         codex_home() / "rules",

@@ -42,9 +42,10 @@ def test_accept_runs_the_program_escalated(mcp: Mcp, mode: str) -> None:
     answers_logged = [
         json.loads(line) for line in audit.read_text().splitlines() if '"answer"' in line
     ]
-    assert answers_logged[0]["verdict"] == "answer"
+    assert answers_logged[0]["decision"] in ("run", "escalate")
     assert answers_logged[0]["answer"] == "once"
-    assert answers_logged[0]["reason"] == "looks fine"
+    assert answers_logged[0]["answered_by"] == "elicitation"
+    assert answers_logged[0]["answer_reason"] == "looks fine"
     assert "reason: looks fine" in mcp.log()
 
 

@@ -91,6 +91,6 @@ def test_layered_policy_and_audit_log(mcp: Mcp) -> None:
 
     asyncio.run(scenario())
     entries = [json.loads(line) for line in audit.read_text().splitlines()]
-    verdicts = {(e["argv"][0], e["verdict"]) for e in entries}
+    verdicts = {(e["argv"][0], e["decision"]) for e in entries}
     assert ("marker", "deny") in verdicts
     assert ("other", "run") in verdicts

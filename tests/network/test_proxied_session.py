@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
-from conftest import Proxied
+from conftest import EXECGATE, Proxied
 
 # A SOCKS5 client that prints the server's reply code (curl 7.x prints only the number).
 SOCKS = """\
@@ -172,7 +173,7 @@ def test_internal_addresses_need_a_rule_naming_the_host(proxied_root: Proxied) -
 def test_every_decision_is_logged_with_the_process_that_made_it(proxied_root: Proxied) -> None:
     p = proxied_root
     s = p.servers
-    audit = p.work.parent / "audit.jsonl"
+    audit = p.work.parent / "audit.jsonl"  # a copy of the decision log
     p.run(
         f"""\
         curl -sS -m 20 http://good.test:{s.http_port}/ >/dev/null
@@ -182,18 +183,27 @@ def test_every_decision_is_logged_with_the_process_that_made_it(proxied_root: Pr
         str(audit),
     )
     entries = [json.loads(line) for line in audit.read_text().splitlines()]
-    network = [e for e in entries if e.get("via") == "network"]
-    allowed = [e for e in network if e["answer"] == "allow"]
-    denied = [e for e in network if e["answer"] == "deny"]
-    assert allowed[0]["host"] == "good.test"
-    assert allowed[0]["port"] == s.http_port
-    assert allowed[0]["protocol"] == "http"
-    assert allowed[0]["rule"] == f"{p.rules}:1"
-    assert denied[0]["host"] == "bad.test"
-    assert denied[0]["rule"] == f"{p.rules}:5"
+    network = [e for e in entries if e.get("permission") == "network"]
+    allowed = [e for e in network if e["decision"] == "allow"]
+    denied = [e for e in network if e["decision"] == "deny"]
+    assert allowed[0]["kind"] == "permission"
+    assert allowed[0]["source"] == "rule"
+    assert allowed[0]["detail"]["host"] == "good.test"
+    assert allowed[0]["detail"]["port"] == s.http_port
+    assert allowed[0]["detail"]["protocol"] == "http"
+    assert allowed[0]["detail"]["rule"] == f"{p.rules}:1"
+    assert allowed[0]["detail"]["addresses"] == ["127.0.0.1"]
+    assert denied[0]["detail"]["host"] == "bad.test"
+    assert denied[0]["detail"]["rule"] == f"{p.rules}:5"
+    assert "forbidden by" in denied[0]["reason"]
     # the denial names the command that caused it
-    assert denied[0]["argv"][:1] == ["curl"]
-    assert f"http://bad.test:{s.http_port}/cause" in denied[0]["argv"]
+    assert denied[0]["detail"]["argv"][:1] == ["curl"]
+    assert f"http://bad.test:{s.http_port}/cause" in denied[0]["detail"]["argv"]
+    # `execgate log` shows it
+    shown = subprocess.run(
+        [*EXECGATE, "log", "--denied"], env=p.env, capture_output=True, text=True, check=True
+    )
+    assert "permission network" in shown.stdout and "bad.test" in shown.stdout
 
 
 def test_proxy_variables_come_back_on_every_exec_but_not_for_escalations(

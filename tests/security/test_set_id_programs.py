@@ -101,7 +101,7 @@ def test_a_rule_naming_a_set_id_program_lets_it_run_and_says_why(
     assert b"agent-ran" in result.stdout, result.stderr
     entries = [json.loads(line) for line in audit.read_text().splitlines()]
     agent = [e for e in entries if e["argv"][:1] == ["ssh-agent"]]
-    assert agent and agent[0]["verdict"] == ("run" if mode == "off" else "escalate"), entries
+    assert agent and agent[0]["decision"] == ("run" if mode == "off" else "escalate"), entries
     reason = agent[0]["reason"]
     assert reason.startswith("a set-gid program (runs with group _ssh), allowed by rule")
     assert reason.endswith("runs ungated")

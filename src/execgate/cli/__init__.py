@@ -13,7 +13,7 @@ from execgate import __version__
 from execgate.errors import ExecgateError
 
 # Modules under execgate.cli that add commands; each has register(subparsers).
-COMMAND_MODULES = ["check", "rules", "run", "sandbox", "mcp", "approvals"]
+COMMAND_MODULES = ["check", "rules", "run", "sandbox", "mcp", "approvals", "log"]
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from execgate.errors import ExecgateError
@@ -55,6 +56,34 @@ def register(subparsers: Any) -> None:
     deny.add_argument("id", metavar="ID", help="the approval's ID (from `execgate approvals list`)")
     deny.add_argument("--reason", metavar="TEXT", help="why (shown to the agent)")
     deny.set_defaults(handler=run_deny)
+
+    grants = commands.add_parser(
+        "grants",
+        help='list what "for this session/run" and "always" answers granted',
+        description=(
+            'List the grants people gave (from the decision log): "always" answers (the allow '
+            'rule line and its file, while it is there) and "for this session/run" answers '
+            "(the session), with when and who answered."
+        ),
+        epilog="example:\n  execgate approvals grants --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    grants.add_argument("--json", action="store_true", help="print JSON (one object)")
+    grants.set_defaults(handler=run_grants)
+
+    revoke = commands.add_parser(
+        "revoke",
+        help="withdraw a grant (an always rule line, or a running MCP session's grant)",
+        description=(
+            "Withdraw a grant by its ID (from `execgate approvals grants`): a lasting grant by "
+            "removing its rule line from the file (the rest of the file stays byte for byte), a "
+            "session grant by telling the running `execgate mcp` server to ask again."
+        ),
+        epilog="example:\n  execgate approvals revoke 3f2a9c0b1d",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    revoke.add_argument("id", metavar="ID", help="the grant's ID")
+    revoke.set_defaults(handler=run_revoke)
 
 
 def _servers() -> list[Any]:
@@ -212,3 +241,96 @@ def run_allow(args: argparse.Namespace) -> int:
 
 def run_deny(args: argparse.Namespace) -> int:
     return _answer(args.id, "deny", args.reason)
+
+
+# -- grants ------------------------------------------------------------------------------------
+
+
+def _grants() -> list[Any]:
+    from execgate.decisionlog.grants import grants
+    from execgate.decisionlog.query import records
+    from execgate.paths import decision_log_file
+
+    return grants(records(decision_log_file()))
+
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+
+
+def run_grants(args: argparse.Namespace) -> int:
+    from execgate.decisionlog.grants import rule_line_number
+
+    found = []
+    for grant in _grants():
+        line = rule_line_number(grant) if grant.scope == "always" else None
+        if grant.scope == "always" and line is None:
+            continue  # the rule line is gone: nothing is granted any more
+        found.append((grant, line))
+    if args.json:
+        out = [{**g.as_json(), "rule_line_number": line} for g, line in found]
+        print(json.dumps({"grants": out}, ensure_ascii=True, indent=2))
+        return 0
+    if not found:
+        print("no grants (answers of always or for this session/run) in the decision log")
+        return 0
+    for grant, line in found:
+        prefix = command_line(grant.prefix, 400)
+        who = f"{_when(grant.time)} by {grant.answered_by}"
+        call = f" call {grant.call}" if grant.call is not None else ""
+        session = f"session {grant.front}:{grant.session[:8]}{call}"
+        if grant.scope == "always":
+            where = f"{quote_word(str(grant.rule_file))}:{line}"
+            print(f"{grant.id}  always   `{prefix}`  {where}  {who} ({session})")
+            print(f"    rule: {visible(str(grant.rule_line), 1000)}")
+        else:
+            print(f"{grant.id}  session  `{prefix}`  {session}  {who}")
+    return 0
+
+
+def run_revoke(args: argparse.Namespace) -> int:
+    from execgate.decisionlog import open_decision_log
+    from execgate.paths import decision_log_file
+    from execgate.policy import PolicyError, remove_allow_rule
+
+    matches = [g for g in _grants() if g.id.startswith(args.id)] if args.id else []
+    if len(matches) != 1:
+        why = "no grant" if not matches else "more than one grant"
+        raise ExecgateError(f"{why} with ID {args.id} (execgate approvals grants lists them)")
+    [grant] = matches
+    if grant.scope == "always":
+        try:
+            removed = remove_allow_rule(Path(str(grant.rule_file)), grant.prefix)
+        except PolicyError as exc:
+            raise ExecgateError(str(exc)) from None
+        if not removed:
+            raise ExecgateError(f"{grant.rule_file} no longer has the rule line of {grant.id}")
+        done = f"removed {grant.rule_line} from {grant.rule_file}"
+    else:
+        done = _revoke_in_session(grant)
+    decisions = open_decision_log("approvals", path=decision_log_file())
+    decisions.record(
+        {"kind": "revoke", "grant": grant.id, "scope": grant.scope,
+         "revoked_session": grant.session, "prefix": list(grant.prefix),
+         "source": "approvals"}
+    )  # fmt: skip
+    decisions.close()
+    print(f"{grant.id}: revoked: {visible(done, 2000)}")
+    return 0
+
+
+def _revoke_in_session(grant: Any) -> str:
+    from execgate.mcp_front.control import request
+
+    if grant.front != "mcp":
+        raise ExecgateError(
+            f"grant {grant.id} belongs to an `execgate run` session: it ends with that run, "
+            "which takes no requests from outside"
+        )
+    for server in _servers():
+        if server.info.get("session") == grant.session:
+            reply = request(server, {"op": "revoke", "prefix": list(grant.prefix)})
+            if not reply.get("ok"):
+                raise ExecgateError(str(reply.get("error", "the server refused")))
+            return f"`{command_line(grant.prefix)}` asks again in server pid {server.pid}"
+    raise ExecgateError(f"the session of grant {grant.id} has ended, and its grants with it")

@@ -13,6 +13,7 @@ from typing import Any
 
 from execgate.cli.options import add_gate_arguments
 from execgate.config import load_config
+from execgate.decisionlog import open_front_log
 from execgate.errors import ExecgateError
 from execgate.gate import orphans
 from execgate.gate.livepolicy import PolicySource
@@ -150,6 +151,7 @@ def run_mcp(args: argparse.Namespace) -> int:
         exclude_tmpdir=args.sandbox_exclude_tmpdir,
     ).writable_roots
     require_support(sandbox)  # a profile this kernel cannot enforce: say so now
+    decisions = open_front_log("mcp", config, audit=args.audit)
     options = McpOptions(
         shell=_shell(args.shell),
         sandbox=sandbox,
@@ -159,6 +161,7 @@ def run_mcp(args: argparse.Namespace) -> int:
         rules=args.rules,
         default_login=args.default_login,
         audit=args.audit,
+        decisions=decisions,
         on_prompt_deny=args.on_prompt == "deny",
         elicitation=args.elicitation,
         reload_interval=args.reload_interval,

@@ -104,6 +104,28 @@ def register(subparsers: Any) -> None:
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
     init.set_defaults(handler=run_init)
 
+    suggest = actions.add_parser(
+        "suggest",
+        help="allow rules that would have saved the prompts humans answered (from the log)",
+        description=(
+            "From the prompts people answered (decision log), propose the narrowest allow "
+            "rules saving the most questions, never covering a command that was declined and "
+            "never a banned prefix (python3, bash -lc, env, sudo, git, ...). Prints .rules "
+            "lines; nothing is written."
+        ),
+        epilog="example:\n  execgate rules suggest --since 7d >> ~/.execgate/rules/default.rules",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    suggest.add_argument("--since", metavar="WHEN", help="only prompts since then (1h, 7d)")
+    suggest.add_argument(
+        "--min-count",
+        type=int,
+        default=2,
+        metavar="N",
+        help="only rules that would have saved at least N questions (default 2)",
+    )
+    suggest.set_defaults(handler=run_suggest)
+
     trust = subparsers.add_parser(
         "trust",
         help="load the project rules of DIR (default: this repository) for commands run in DIR",
@@ -403,4 +425,22 @@ def run_untrust(args: argparse.Namespace) -> int:
         print(f"{directory} is no longer trusted")
     else:
         print(f"{directory} was not in the trust list")
+    return 0
+
+
+def run_suggest(args: argparse.Namespace) -> int:
+    from execgate.decisionlog.query import parse_since, records
+    from execgate.decisionlog.suggest import suggest
+    from execgate.paths import decision_log_file
+
+    since = parse_since(args.since) if args.since else None
+    found = suggest(
+        records(decision_log_file(), lambda r: since is None or float(r.get("time", 0)) >= since),
+        min_count=max(1, args.min_count),
+    )
+    if not found:
+        print("# no rule to suggest: no allowed prompt repeats without a declined one", flush=True)
+        return 0
+    for suggestion in found:
+        print(suggestion.rules_text())
     return 0

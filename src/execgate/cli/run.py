@@ -12,13 +12,14 @@ from typing import Any
 
 from execgate.cli.options import add_gate_arguments
 from execgate.config import load_config
+from execgate.decisionlog import open_front_log
 from execgate.errors import ExecgateError
 from execgate.gate import orphans
 from execgate.gate.askers import DenyingAsker, TerminalAsker
 from execgate.gate.escalation import Asker
 from execgate.gate.livepolicy import GatePolicy, PolicySource
 from execgate.gate.network import NetworkSettings, default_for
-from execgate.gate.session import AuditLog, EscalationSession, SessionDenied, log_escalations
+from execgate.gate.session import EscalationSession, SessionDenied, log_escalations
 from execgate.sandbox import add_sandbox_arguments, sandbox_from_args
 
 
@@ -93,7 +94,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
     ended = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(signum, ended.set)
-    audit = AuditLog(args.audit) if args.audit else None
+    decisions = open_front_log("run", config, audit=args.audit)
     log_escalations()
     session = await EscalationSession.open(
         live=gate.live,
@@ -103,7 +104,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
         gate_escalated=config.gate_escalated,
         clean_escalated_env=config.clean_escalated_env,
         approval_timeout=config.approval_timeout,
-        audit=audit,
+        decisions=decisions,
         network=network,
     )
     try:
@@ -124,6 +125,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
         return signal.SIGTERM  # a wait status: killed by SIGTERM
     finally:
         await session.aclose()
+        decisions.close()
 
 
 def _has_terminal() -> bool:

@@ -203,6 +203,10 @@ class Action:
     # deny: the text after "execgate: denied: <cmd>: "; run: why it was not escalated
     reason: str = ""
     approval: ApprovalRequest | None = None  # ask: the question
+    # For the decision log: policy's judgement (None: not judged), and whether an earlier
+    # "for this session" answer settled a prompt.
+    judgement: Judgement | None = None
+    granted: bool = False
 
 
 class EscalationPolicy(Protocol):
@@ -257,19 +261,26 @@ class PolicyEscalation:
         self._named_policy: Policy | None = None
 
     def _allowed(
-        self, exec_: GatedExec, judgement: Judgement, confined: bool, *, by: str = ""
+        self,
+        exec_: GatedExec,
+        judgement: Judgement,
+        confined: bool,
+        *,
+        by: str = "",
+        granted: bool = False,
     ) -> Action:
         # Allowed, it runs in place outside the sandbox or is escalated out of it: either way
         # without no-new-privs, so the record says when it leaves the gate.
         leaving = _leaving_note(exec_.leaves_gate, judgement, by=by)
         # Outside the sandbox already (or no sandbox): running in place is escalation enough.
         if not confined:
-            return Action(Verdict.RUN, leaving)
+            return Action(Verdict.RUN, leaving, judgement=judgement, granted=granted)
         policy = self._policy()
         if policy is not self._named_policy:
             self._named, self._named_policy = {}, policy
         why_not = names_file_that_runs(policy, exec_, judgement, self._named)
-        return Action(Verdict.RUN, why_not) if why_not else Action(Verdict.ESCALATE, leaving)
+        verdict = Verdict.RUN if why_not else Verdict.ESCALATE
+        return Action(verdict, why_not or leaving, judgement=judgement, granted=granted)
 
     def decide(self, exec_: GatedExec, *, confined: bool) -> Action:
         judgement = self._judgements.judge(self._policy(), exec_, self._aliases())
@@ -280,20 +291,25 @@ class PolicyEscalation:
             # bits and capabilities; outside (sandbox off, escalated callers) it would not.
             leaving = None if confined else exec_.leaves_gate
             if leaving is None:
-                return Action(Verdict.RUN)
+                return Action(Verdict.RUN, judgement=judgement)
             name = posixpath.basename(exec_.realpath or exec_.path)
             return Action(
                 Verdict.DENY,
                 f"{leaving}: nothing it starts would be gated, and no rule names it (to run "
                 f'it, name it in a rule: prefix_rule(pattern=["{name}"], decision="prompt"))',
+                judgement=judgement,
             )
         if judgement.decision == Decision.FORBIDDEN:
             why = judgement.justification() or "forbidden by policy"
-            return Action(Verdict.DENY, f"{why} (rule {judgement.rule_locations()})")
+            return Action(
+                Verdict.DENY, f"{why} (rule {judgement.rule_locations()})", judgement=judgement
+            )
         if judgement.decision == Decision.ALLOW:
             return self._allowed(exec_, judgement, confined)
         # PROMPT
-        if self.approvals.covers(judgement) or self._user_approves(judgement):
+        if self.approvals.covers(judgement):
+            return self._allowed(exec_, judgement, confined, granted=True)
+        if self._user_approves(judgement):
             return self._allowed(exec_, judgement, confined)
         prefix = _approval_prefix(judgement)
         request = ApprovalRequest(
@@ -304,13 +320,17 @@ class PolicyEscalation:
             offer_always=self._can_record_always(judgement),
         )
         if self._on_prompt_deny:
-            return Action(Verdict.DENY, _needs_approval(request, "prompts are set to deny"))
-        return Action(Verdict.ASK, approval=request)
+            return Action(
+                Verdict.DENY,
+                _needs_approval(request, "prompts are set to deny"),
+                judgement=judgement,
+            )
+        return Action(Verdict.ASK, approval=request, judgement=judgement)
 
     def resolve(self, request: ApprovalRequest, approval: Approval, *, confined: bool) -> Action:
         if approval.answer == Answer.DENY:
             reason = approval.reason or "declined by the user"
-            return Action(Verdict.DENY, reason)
+            return Action(Verdict.DENY, reason, judgement=request.judgement)
         if approval.answer in (Answer.ALLOW_SESSION, Answer.ALLOW_ALWAYS):
             self.approvals.prefixes.update(
                 tuple(m.matched_prefix) for m in request.judgement.deciding_matches()

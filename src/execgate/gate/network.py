@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from typing import Any, Literal
 import anyio
 import anyio.to_thread
 
+from execgate import paths
+from execgate.decisionlog.recorder import bounded_argv
 from execgate.gate.approvals import UserApprovals
 from execgate.gate.escalation import (
     Answer,
@@ -41,6 +44,7 @@ from execgate.gate.program import GatedExec
 from execgate.netproxy.resolve import IPAddress, ResolveError, Resolver, is_internal
 from execgate.netproxy.server import Admission, Connection
 from execgate.policy import Decision, Policy
+from execgate.policy.amend import network_allow_line
 from execgate.policy.network import NetworkJudgement, judge_network, rule_text
 
 NetworkDefault = Literal["prompt", "deny", "allow"]
@@ -68,6 +72,9 @@ def default_for(configured: str | None, *, can_ask: bool) -> NetworkDefault:
 
 
 _ids = itertools.count(1)
+# Who answered, as the decision log's ``source`` and ``answered_by`` say it.
+_ANSWERED_BY = {"execgate": "unanswered", "execgate approvals": "approvals"}
+log = logging.getLogger("execgate.network")
 
 
 class NetworkGate:
@@ -98,62 +105,71 @@ class NetworkGate:
     async def admit(self, connection: Connection) -> Admission:
         target = connection.target
         where = f"{target.host} port {target.port} ({target.protocol})"
-        entry: dict[str, Any] = {
+        detail: dict[str, Any] = {
             "host": target.host,
             "port": target.port,
             "protocol": target.protocol,
             "spawn": connection.origin.spawn_id,
         }
+        asked: dict[str, Any] = {}  # the human's answer, when one was asked
 
-        async def refuse(reason: str, rule: str = "") -> Admission:
+        async def refuse(reason: str, rule: str, source: str) -> Admission:
             pid = await _find_process(connection, self._proxy_port)
             self._record(
-                {**entry, "answer": "deny", "rule": rule, "reason": reason, **_process_fields(pid)}
-            )
+                {"decision": "deny", "source": source, "reason": reason, **asked,
+                 "detail": {**detail, "rule": rule or None, **_process_fields(pid)}}
+            )  # fmt: skip
             return Admission(reason=reason)
 
         broken = self._fail_closed_reason()
         if broken:
-            return await refuse(f"execgate: network access to {where} denied: {broken}")
+            return await refuse(
+                f"execgate: network access to {where} denied: {broken}", "", "fail-closed"
+            )
         judgement = judge_network(self._policy(), target.host, target.protocol)
         decision = judgement.decision
-        rule = judgement.rule_locations()
+        rule, source = judgement.rule_locations(), "rule"
         if decision is None:
             decision = {
                 "prompt": Decision.PROMPT,
                 "deny": Decision.FORBIDDEN,
                 "allow": Decision.ALLOW,
             }[self.settings.default]
-            rule = f"network.default = {self.settings.default}"
+            rule, source = f"network.default = {self.settings.default}", "none"
         if decision == Decision.FORBIDDEN:
-            return await refuse(_forbidden_text(where, judgement, rule), rule)
-        approved = ""
-        if decision == Decision.PROMPT:
-            if (target.host, target.protocol) in self.session_allowed:
-                approved = "session"
-            elif judgement.matches and self._approvals().covers_network(judgement):
-                approved = "always"
+            return await refuse(_forbidden_text(where, judgement, rule), rule, source)
+        # A prompt already answered: "for this session", or "always" (a user-layer allow).
+        answered = decision == Decision.PROMPT and (
+            (target.host, target.protocol) in self.session_allowed
+            or bool(judgement.matches and self._approvals().covers_network(judgement))
+        )
+        if answered and (target.host, target.protocol) in self.session_allowed:
+            source = "grant"
         try:
             addresses = await self.resolver.resolve(target.host, target.port)
         except ResolveError as exc:
-            return await refuse(f"execgate: network access to {where}: cannot resolve: {exc}", rule)
+            return await refuse(
+                f"execgate: network access to {where}: cannot resolve: {exc}", rule, source
+            )
         internal = [a for a in addresses if is_internal(a)]
-        # An allow rule that names this very host vouches for where it points.
-        named = decision == Decision.ALLOW and bool(judgement.matches)
-        if decision == Decision.PROMPT and not approved:
+        # An allow rule that names this very host vouches for where it points (and so does a
+        # human who saw the addresses).
+        named = answered or (decision == Decision.ALLOW and bool(judgement.matches))
+        if decision == Decision.PROMPT and not answered:
             pid = await _find_process(connection, self._proxy_port)
             approval = await self._question(connection, judgement, addresses, pid)
-            answer = approval.answer
-            if answer == Answer.DENY:
+            by = _ANSWERED_BY.get(approval.by, approval.by)
+            source = by
+            asked = {"answer": approval.answer.value, "answered_by": by}
+            if approval.answer == Answer.DENY:
                 why = approval.reason or "declined by the user"
-                return await refuse(
-                    f"execgate: network access to {where} denied: {why}", rule or "prompt"
-                )
-            if answer in (Answer.ALLOW_SESSION, Answer.ALLOW_ALWAYS):
+                return await refuse(f"execgate: network access to {where} denied: {why}",
+                                    rule, source)  # fmt: skip
+            if approval.answer in (Answer.ALLOW_SESSION, Answer.ALLOW_ALWAYS):
                 self.session_allowed.add((target.host, target.protocol))
-            approved = answer.value
-            named = True  # the human saw the addresses
-        elif approved:
+            if approval.answer == Answer.ALLOW_ALWAYS:
+                asked["rule_line"] = network_allow_line(target.host, target.protocol)
+                asked["rule_file"] = str(paths.user_default_rules_file())
             named = True
         if internal and not named:
             shown = ", ".join(map(str, internal))
@@ -162,30 +178,17 @@ class NetworkGate:
                 f"address {shown}; only a network_rule naming {target.host} with "
                 '"allow" lets a connection reach it',
                 rule,
+                source,
             )
         self._record(
-            {
-                **entry,
-                "answer": "allow",
-                "rule": rule,
-                "approved": approved or None,
-                "addresses": [str(a) for a in addresses],
-            }
-        )
+            {"decision": "allow", "source": source, **asked,
+             "detail": {**detail, "rule": rule or None, "addresses": [str(a) for a in addresses]}}
+        )  # fmt: skip
         return Admission(addresses=tuple(addresses))
 
     def connected(self, connection: Connection, address: IPAddress | None, error: str) -> None:
         if error:
-            target = connection.target
-            self._record(
-                {
-                    "host": target.host,
-                    "port": target.port,
-                    "protocol": target.protocol,
-                    "answer": "unreachable",
-                    "reason": error,
-                }
-            )
+            log.info("proxy: %s port %d: %s", connection.target.host, connection.target.port, error)
 
     async def _question(
         self,
@@ -244,7 +247,13 @@ def _process_fields(pid: int | None) -> dict[str, Any]:
     if pid is None:
         return {}
     exec_ = process_exec(pid)
-    return {"pid": pid, "program": exec_.realpath, "argv": list(exec_.argv)}
+    argv, cut = bounded_argv(list(exec_.argv))
+    return {
+        "pid": pid,
+        "program": exec_.realpath,
+        "argv": argv,
+        **({"argv_cut": cut} if cut else {}),
+    }
 
 
 async def _find_process(connection: Connection, proxy_port: int) -> int | None:

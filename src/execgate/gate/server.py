@@ -67,6 +67,10 @@ class RequestHandler(Protocol):
         until the answer has been sent."""
         ...
 
+    def refused(self, peer: Peer, why: str) -> None:
+        """A request refused before it could be judged (malformed, too slow, too many)."""
+        ...
+
 
 class GateServer:
     def __init__(self, path: Path, handler: RequestHandler) -> None:
@@ -138,6 +142,7 @@ class GateServer:
             data, fds = b"", []
         except (OSError, ProtocolError) as exc:
             log.warning("gate: bad request from pid %d: %s", peer.pid, exc)
+            self._handler.refused(peer, f"bad request: {exc}")
             conn.close()
             return
         if len(data) >= HEADER.size:
@@ -148,6 +153,7 @@ class GateServer:
         if len(self._slow) >= MAX_SLOW_REQUESTS:
             # Memory is bounded per session: a process cannot make us hold many big frames.
             log.info("gate: too many unfinished requests; closed one from pid %d", peer.pid)
+            self._handler.refused(peer, "too many unfinished requests")
             _close_all(fds)
             conn.close()
             return
@@ -186,6 +192,7 @@ class GateServer:
                     buffer += chunk
         except (OSError, ProtocolError, TimeoutError) as exc:
             log.info("gate: dropped a request from pid %d: %s", peer.pid, exc or "timeout")
+            self._handler.refused(peer, f"dropped request: {exc or 'timeout'}")
             _close_all(fds)
             conn.close()
             return
@@ -216,6 +223,7 @@ class GateServer:
             answer = self._handler.answer_exec(parse_exec_request(fields), fds, peer)
         except ProtocolError as exc:
             log.warning("gate: malformed request from pid %d: %s", peer.pid, exc)
+            self._handler.refused(peer, f"malformed request: {exc}")
             _close_all(fds)
             conn.close()
             return

@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import secrets
 import shutil
 import socket
 import tempfile
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from execgate import native, paths
+from execgate.decisionlog.recorder import DecisionLog, bounded_argv, permission_entry
 from execgate.errors import ExecgateError
 from execgate.files import make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
@@ -51,6 +50,7 @@ from execgate.gate.server import Answer, GateServer, Peer
 from execgate.gate.snapshot import SealedSnapshot
 from execgate.netproxy.server import NetProxy, ProxyThread
 from execgate.netproxy.variables import PROXY_VARIABLE_NAMES, proxy_variables
+from execgate.policy import allow_rule_line
 from execgate.sandbox import SandboxSpec
 from execgate.sandbox.guarded import guard
 from execgate.sandbox.spec import PROXY_PORT
@@ -80,37 +80,6 @@ class SessionDenied(ExecgateError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, exit_status=126)
-
-
-class AuditLog:
-    """Every decision as one JSON line (``--audit FILE``)."""
-
-    def __init__(self, path: Path) -> None:
-        fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        self._file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
-
-    def record(self, exec_: GatedExec, verdict: str, reason: str = "", **extra: object) -> None:
-        entry = {
-            "time": round(time.time(), 6),
-            "pid": exec_.pid,
-            "ppid": exec_.ppid,
-            "via": exec_.via,
-            "program": exec_.realpath or exec_.path,
-            "argv": list(exec_.argv),
-            "cwd": exec_.cwd,
-            "verdict": verdict,
-            **({"reason": reason} if reason else {}),
-            **extra,
-        }
-        self._file.write(json.dumps(entry, ensure_ascii=False) + "\n")
-
-    def record_connection(self, entry: Mapping[str, object]) -> None:
-        """One decision on a connection through the session's proxy."""
-        line = {"time": round(time.time(), 6), "via": "network", **entry}
-        self._file.write(json.dumps(line, ensure_ascii=False) + "\n")
-
-    def close(self) -> None:
-        self._file.close()
 
 
 def log_escalations(path: Path | None = None) -> Path | None:
@@ -227,7 +196,7 @@ class EscalationSession:
         base_env: Mapping[str, str],
         gate_escalated: bool,
         approval_timeout: float,
-        audit: AuditLog | None,
+        decisions: DecisionLog | None,
         on_ask: Callable[[bool], None] | None,
         clean_escalated_env: Sequence[str] = (),
         network: NetworkSettings | None = None,
@@ -243,9 +212,11 @@ class EscalationSession:
         self.approval_timeout = approval_timeout
         self.token = secrets.token_hex(16)
         self.escalated_token = secrets.token_hex(16)
-        # Who answers questions, who is told when one starts/ends, where decisions are logged:
-        # they belong to whoever starts the session and may be replaced until start().
-        self.audit = audit
+        # Who answers questions, who is told when one starts/ends, where decisions are logged
+        # (and under which tool call): they belong to whoever starts the session and may be
+        # replaced until start().
+        self.decisions = decisions
+        self.call: int | None = None
         self.on_ask = on_ask
         self._closing = asyncio.Event()
         self._asks = 0
@@ -280,7 +251,7 @@ class EscalationSession:
         base_env: Mapping[str, str] | None = None,
         gate_escalated: bool = True,
         approval_timeout: float = 300.0,
-        audit: AuditLog | None = None,
+        decisions: DecisionLog | None = None,
         on_ask: Callable[[bool], None] | None = None,
         new_process_session: bool = False,
         clean_escalated_env: Sequence[str] = (),
@@ -302,7 +273,7 @@ class EscalationSession:
             base_env=os.environ if base_env is None else base_env,
             gate_escalated=gate_escalated,
             approval_timeout=approval_timeout,
-            audit=audit,
+            decisions=decisions,
             on_ask=on_ask,
             clean_escalated_env=clean_escalated_env,
             network=network,
@@ -351,11 +322,26 @@ class EscalationSession:
         return theirs
 
     def _record_connection(self, entry: dict[str, Any]) -> None:
-        """Every decision on a connection through the proxy (the one call site)."""
-        if entry.get("answer") != "allow":
-            log.info("proxy: %s", entry.get("reason") or entry)
-        if self.audit:
-            self.audit.record_connection(entry)
+        """Every decision on a connection through the proxy (the one call site): the decision
+        log's ``kind: permission`` record, ``permission: network``, the host, port, protocol,
+        rule, addresses and (refusals, prompts) the process in ``detail``."""
+        if entry["decision"] != "allow":
+            log.info("proxy: %s", entry.get("reason"))
+        if self.decisions is not None:
+            record = permission_entry(
+                call=self.call,
+                permission="network",
+                detail=entry["detail"],
+                decision=entry["decision"],
+                source=entry["source"],
+                answer=entry.get("answer"),
+                answered_by=entry.get("answered_by"),
+                reason=entry.get("reason"),
+            )
+            for key in ("rule_line", "rule_file"):  # an "always": the grant it wrote
+                if key in entry:
+                    record[key] = entry[key]
+            self.decisions.record(record)
 
     async def __aenter__(self) -> EscalationSession:
         return self
@@ -452,14 +438,17 @@ class EscalationSession:
         """Gate and start the session's own command (as if the session exec'd it)."""
         program = resolve_command(argv[0], cwd=cwd, path=env.get("PATH", os.defpath))
         exec_ = describe_exec(program, argv, cwd=cwd, via="session")
+        asked = None
         if self.live.fail_closed_reason:  # nothing runs, not even a shell's builtins
             action = Action(Verdict.DENY, self.live.fail_closed_reason)
         else:
             action = self.escalation.decide(exec_, confined=self.confined)
         if action.verdict == Verdict.ASK:
             assert action.approval is not None
-            action = await self._ask(action.approval, confined=self.confined)
-        self._record(exec_, action)
+            request = action.approval
+            action, approval = await self._ask(request, confined=self.confined)
+            asked = (request, approval)
+        self._record(exec_, action, asked)
         if action.verdict == Verdict.DENY:
             raise SessionDenied(self.denial(exec_, action.reason))
         escalate = action.verdict == Verdict.ESCALATE
@@ -492,14 +481,14 @@ class EscalationSession:
         else:
             log.warning("gate: request with a foreign token from pid %d", peer.pid)
             exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
+            self._record(exec_, Action(Verdict.DENY, "request not from this session"), closed=True)
             return protocol.encode_deny(self.denial(exec_, "request not from this session"))
         try:
             program, interpreters = inspect_descriptors(fds, request.interpreters)
         except IdentityError as exc:
             exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
             log.info("gate: refused a request from pid %d: %s", peer.pid, exc)
-            if self.audit:
-                self.audit.record(exec_, Verdict.DENY.value, str(exc))
+            self._record(exec_, Action(Verdict.DENY, str(exc)), closed=True)
             return protocol.encode_deny(self.denial(exec_, str(exc)))
         exec_ = vouched(GatedExec.from_request(request, program, interpreters), peer.pid)
         if self.live.fail_closed_reason:
@@ -512,6 +501,14 @@ class EscalationSession:
         self._record(exec_, action)
         return self._encode(exec_, request, fds[-1], action)
 
+    def refused(self, peer: Peer, why: str) -> None:
+        if self.decisions is not None:
+            call = self.call
+            self.decisions.record(
+                lambda: {"kind": "exec", "call": call, "pid": peer.pid, "decision": "deny",
+                         "source": "fail-closed", "reason": why}
+            )  # fmt: skip
+
     def _encode(self, exec_: GatedExec, request: ExecRequest, runs: int, action: Action) -> Answer:
         if action.verdict == Verdict.RUN:
             return protocol.RUN
@@ -519,7 +516,16 @@ class EscalationSession:
             return self._escalate(exec_, request, runs)
         return protocol.encode_deny(self.denial(exec_, action.reason))
 
-    def _record(self, exec_: GatedExec, action: Action) -> None:
+    def _record(
+        self,
+        exec_: GatedExec,
+        action: Action,
+        asked: tuple[ApprovalRequest, Approval] | None = None,
+        *,
+        closed: bool = False,
+    ) -> None:
+        """Log a decision: the escalations log at once, the decision log after the answer
+        (``closed``: refused without judging, or with the policy failed closed)."""
         if action.verdict == Verdict.ESCALATE:
             escalations.info(
                 "escalated %s (program %s, pid %d, cwd %s, sandbox %s)",
@@ -531,8 +537,12 @@ class EscalationSession:
             )
         elif action.verdict == Verdict.RUN and action.reason:
             escalations.info("%s: %s", exec_.display(), action.reason)
-        if self.audit:
-            self.audit.record(exec_, action.verdict.value, action.reason)
+        if self.decisions is not None:
+            closed = closed or (action.judgement is None and bool(self.live.fail_closed_reason))
+            call, sandbox = self.call, self.sandbox
+            self.decisions.record(
+                lambda: decision_entry(exec_, action, asked, closed, call, sandbox)
+            )
 
     async def _ask_then_answer(
         self,
@@ -542,14 +552,16 @@ class EscalationSession:
         approval: ApprovalRequest,
         confined: bool,
     ) -> bytes:
-        action = await self._ask(approval, confined=confined)
-        self._record(exec_, action)
+        action, answer_given = await self._ask(approval, confined=confined)
+        self._record(exec_, action, (approval, answer_given))
         answer = self._encode(exec_, request, runs, action)
         return answer if isinstance(answer, bytes) else await answer
 
-    async def _ask(self, request: ApprovalRequest, *, confined: bool) -> Action:
+    async def _ask(self, request: ApprovalRequest, *, confined: bool) -> tuple[Action, Approval]:
+        """Ask a human, then resolve the answer; returns the action and the answer it follows
+        from."""
         approval = await self.ask_human(request)
-        return self.escalation.resolve(request, approval, confined=confined)
+        return self.escalation.resolve(request, approval, confined=confined), approval
 
     async def ask_human(self, request: ApprovalRequest) -> Approval:
         """Ask a human; a session that ends or a question nobody answers in time is a denial."""
@@ -618,6 +630,7 @@ class EscalationSession:
 
     def _cannot_escalate(self, exec_: GatedExec, error: BaseException) -> bytes:
         log.warning("gate: cannot escalate %s: %s", exec_.display(), error)
+        self._record(exec_, Action(Verdict.DENY, f"cannot escalate ({error})"), closed=True)
         return protocol.encode_deny(self.denial(exec_, f"cannot escalate ({error})"))
 
     # -- the end -------------------------------------------------------------------------
@@ -634,11 +647,70 @@ class EscalationSession:
         if self._proxy is not None:  # its listeners' namespaces are gone: nothing is left
             await asyncio.get_running_loop().run_in_executor(None, self._proxy.stop)
             self._proxy = None
-        if self.audit:
-            self.audit.close()
+        if self.decisions is not None:
+            self.decisions.flush()  # the log is the front end's; its records are written now
         if self.sealed_snapshot is not None:
             self.sealed_snapshot.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -- the decision log ------------------------------------------------------------------------
+
+# Who answered, as the decision log's ``source`` and ``answered_by`` say it.
+_ANSWERED_BY = {"execgate": "unanswered", "execgate approvals": "approvals"}
+
+
+def decision_entry(
+    exec_: GatedExec,
+    action: Action,
+    asked: tuple[ApprovalRequest, Approval] | None,
+    closed: bool,
+    call: int | None,
+    sandbox: SandboxSpec | None,
+) -> dict[str, object]:
+    """One decision as the decision log records it (built after the answer was sent)."""
+    judgement = action.judgement
+    approval = asked[1] if asked else None
+    argv, cut = bounded_argv(list(exec_.argv))
+    entry: dict[str, object] = {
+        "kind": "exec",
+        "call": call,
+        "pid": exec_.pid,
+        "ppid": exec_.ppid,
+        "cwd": exec_.cwd,
+        "program": exec_.realpath or exec_.path,
+        "argv": argv,
+        "argv_cut": cut or None,
+        "via": exec_.via,
+        "decision": action.verdict.value,
+        "sandbox": sandbox.describe() if sandbox else "off",
+    }
+    if judgement is not None and judgement.decision is not None:
+        entry["policy"] = judgement.decision.value
+        entry["rule"] = judgement.rule_locations()
+        entry["justification"] = judgement.justification()
+        entry["command"] = bounded_argv(list(judgement.command))[0]
+    by = _ANSWERED_BY.get(approval.by, approval.by) if approval else None
+    if closed:
+        entry["source"] = "fail-closed"
+    elif approval is not None:
+        entry["source"] = by
+    elif action.granted:
+        entry["source"] = "grant"
+    else:
+        entry["source"] = "rule" if judgement and judgement.decision else "none"
+    entry["reason"] = action.reason or None
+    if asked is not None:
+        request, approval = asked
+        entry["answer"] = approval.answer.value
+        entry["answered_by"] = by
+        entry["answer_reason"] = approval.reason  # the human's own words, if any
+        entry["prefix"] = list(request.prefix)
+        if approval.answer.value == "always" and request.offer_always:
+            # what UserApprovals.record appended (the grant `execgate approvals` lists)
+            entry["rule_line"] = allow_rule_line(request.prefix)
+            entry["rule_file"] = str(paths.user_default_rules_file())
+    return {k: v for k, v in entry.items() if v is not None}
 
 
 # -- the session's own command ---------------------------------------------------------------
@@ -681,8 +753,8 @@ class SessionReserve:
 
     Sessions are interchangeable only when opened with the same arguments (sandbox, base
     environment, policy); :meth:`take` hands out the spare when it matches and opens the next
-    one in the background. The asker, ``on_ask`` and audit log are the caller's: set them on
-    the session before ``start()``.
+    one in the background. The asker, ``on_ask``, decision log and call id are the caller's:
+    set them on the session before ``start()``.
     """
 
     def __init__(self) -> None:

@@ -20,13 +20,13 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from execgate.decisionlog import DecisionLog
 from execgate.errors import ExecgateError
 from execgate.gate.escalation import Asker, EscalationPolicy
 from execgate.gate.livepolicy import LivePolicy
 from execgate.gate.network import NetworkSettings
-from execgate.gate.session import AuditLog, EscalationSession, SessionDenied, SessionReserve
+from execgate.gate.session import EscalationSession, SessionDenied, SessionReserve
 from execgate.mcp_front.elicitation import InputRequests
 from execgate.mcp_front.tool import (
     TIMEOUT_EXIT_CODE,
@@ -110,7 +110,7 @@ class CallSetup:
     base_env: Mapping[str, str]
     gate_escalated: bool
     approval_timeout: float  # the session's own backstop; questions time out in the registry
-    audit_path: Path | None = None
+    decisions: DecisionLog | None = None
     clean_escalated_env: tuple[str, ...] = ()
     reserve: SessionReserve = field(default_factory=SessionReserve)
     network: NetworkSettings | None = None
@@ -136,7 +136,6 @@ class ShellCall:
         #: Set whenever there is something new for the request driving the call (a question
         #: to hand to the client, the outcome).
         self.changed = asyncio.Event()
-        self.audit = AuditLog(setup.audit_path) if setup.audit_path else None
         self._listeners: list[OutputListener] = []
         self._abort = asyncio.Event()
         self._started = time.monotonic()
@@ -204,7 +203,8 @@ class ShellCall:
                 new_process_session=True,
                 network=self.setup.network,
             )
-            session.asker, session.on_ask, session.audit = asker, self._on_ask, self.audit
+            session.asker, session.on_ask = asker, self._on_ask
+            session.decisions, session.call = self.setup.decisions, self.id
             env = {**self.setup.base_env, "PWD": self.args.workdir}
             starting = asyncio.ensure_future(
                 session.start(

@@ -55,9 +55,15 @@ def _descriptor(pid: int) -> Path:
 class ControlServer:
     """Serves ``registry`` to ``execgate approvals`` while the MCP server runs."""
 
-    def __init__(self, registry: ApprovalRegistry, info: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        registry: ApprovalRegistry,
+        info: Callable[[], dict[str, Any]],
+        revoke: Callable[[tuple[str, ...]], bool] = lambda _: False,
+    ) -> None:
         self.registry = registry
         self._info = info
+        self._revoke = revoke  # withdraws a "for this session" grant (execgate approvals revoke)
         self._server: asyncio.AbstractServer | None = None
         self.socket_path: Path | None = None
         self._descriptor: Path | None = None
@@ -131,6 +137,14 @@ class ControlServer:
         if not isinstance(request, dict):
             return {"ok": False, "error": "a request is a JSON object"}
         op = request.get("op")
+        if op == "revoke":
+            prefix = request.get("prefix")
+            if not isinstance(prefix, list) or not all(isinstance(w, str) for w in prefix):
+                return {"ok": False, "error": "revoke needs a prefix (a list of strings)"}
+            if not self._revoke(tuple(prefix)):
+                return {"ok": False, "error": "no such grant for this session"}
+            log.info("session grant withdrawn from the control socket: %s", prefix)
+            return {"ok": True}
         if op == "list":
             return {
                 "ok": True,

@@ -42,7 +42,6 @@ from execgate.gate.escalation import (
     no_one_to_ask,
     rule_location,
 )
-from execgate.gate.session import AuditLog
 from execgate.visible import command_line, quote_word, visible
 
 log = logging.getLogger("execgate.mcp")
@@ -226,14 +225,14 @@ def approval_from_elicitation(result: types.ElicitResult, request: ApprovalReque
                 by="elicitation",
             )
         if answer == Answer.DENY:
-            return Approval(Answer.DENY, _with_reason("denied by the user", reason), "user")
+            return Approval(Answer.DENY, _with_reason("denied by the user", reason), "elicitation")
         if answer == Answer.ALLOW_ALWAYS and not request.offer_always:
             answer = Answer.ALLOW_SESSION
-        return Approval(answer, reason=reason, by="user")
+        return Approval(answer, reason=reason, by="elicitation")
     if result.action == "decline":
-        return Approval(Answer.DENY, _with_reason("declined by the user", reason), "user")
+        return Approval(Answer.DENY, _with_reason("declined by the user", reason), "elicitation")
     return Approval(
-        Answer.DENY, _with_reason("the user dismissed the approval request", reason), "user"
+        Answer.DENY, _with_reason("the user dismissed the approval request", reason), "elicitation"
     )
 
 
@@ -434,12 +433,10 @@ class CallAsker:
         registry: ApprovalRegistry,
         call: CallInfo,
         channel: Channel,
-        audit: AuditLog | None = None,
     ) -> None:
         self.registry = registry
         self.call = call
         self.channel = channel
-        self.audit = audit
 
     async def ask(self, request: ApprovalRequest) -> Approval:
         approval = await self.registry.ask(request, self.call, self.channel)
@@ -451,14 +448,4 @@ class CallAsker:
             approval.by,
             f" (reason: {approval.reason})" if approval.reason else "",
         )
-        if self.audit is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self.audit.record(
-                    request.exec,
-                    "answer",
-                    approval.reason or "",
-                    answer=approval.answer.value,
-                    by=approval.by,
-                    prefix=list(request.prefix),
-                )
         return approval

@@ -39,6 +39,7 @@ from pydantic import ConfigDict
 
 from execgate import __version__
 from execgate.config import Config
+from execgate.decisionlog import DecisionLog
 from execgate.errors import ExecgateError
 from execgate.gate.escalation import Asker
 from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
@@ -98,6 +99,7 @@ class McpOptions:
     rules: list[Path] | None = None  # explicit rules files instead of the layered policy
     default_login: bool = True
     audit: Path | None = None
+    decisions: DecisionLog | None = None  # where every call's decisions go (closed with us)
     on_prompt_deny: bool = False
     # auto: elicit when the client declares the capability (or is Codex, which answers
     # elicitation requests either way); always: also without it (protocols before 2026-07-28;
@@ -172,7 +174,7 @@ class McpFrontEnd:
         self.options = options
         self.state = state
         self.registry = ApprovalRegistry(options.approval_timeout)
-        self.control = ControlServer(self.registry, self._info)
+        self.control = ControlServer(self.registry, self._info, self._revoke)
         self.calls: set[ShellCall] = set()
         self.parked: dict[str, _Parked] = {}
         self.codex_sandbox: _CodexSandbox | None = None
@@ -203,7 +205,16 @@ class McpFrontEnd:
             "started": self._started,
             "version": __version__,
             "approval_timeout": self.options.approval_timeout,
+            **({"session": self.options.decisions.session} if self.options.decisions else {}),
         }
+
+    def _revoke(self, prefix: tuple[str, ...]) -> bool:
+        """Withdraw a "for this session" answer: the prefix asks again from now on."""
+        granted = self.state.gate.escalation.approvals.prefixes
+        if prefix not in granted:
+            return False
+        granted.discard(prefix)
+        return True
 
     # -- serving ----------------------------------------------------------------------------
 
@@ -240,6 +251,8 @@ class McpFrontEnd:
         self.calls.clear()
         await self.sessions.aclose()
         await self.control.aclose()
+        if self.options.decisions is not None:
+            self.options.decisions.close()
 
     # -- handlers ---------------------------------------------------------------------------
 
@@ -307,14 +320,14 @@ class McpFrontEnd:
             clean_escalated_env=self.options.config.clean_escalated_env,
             # The registry times questions out; the session's own limit is only a backstop.
             approval_timeout=self.options.approval_timeout + 10,
-            audit_path=self.options.audit,
+            decisions=self.options.decisions,
             reserve=self.sessions,
             network=self.network,
         )
         call = ShellCall(setup, args)
         channel = self._channel(ctx, call)
         asker: Asker = CallAsker(
-            self.registry, CallInfo(call.id, args.command, args.workdir), channel, call.audit
+            self.registry, CallInfo(call.id, args.command, args.workdir), channel
         )
         asker = self.state.gate.approvals.recording(asker)
         log.info(

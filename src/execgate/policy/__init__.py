@@ -8,7 +8,7 @@ Typical use::
     evaluation.reason()   # "`git push` requires approval: ..."
 """
 
-from execgate.policy.amend import allow_rule_line, append_allow_rule
+from execgate.policy.amend import allow_rule_line, append_allow_rule, remove_allow_rule
 from execgate.policy.cache import RulesCache
 from execgate.policy.evaluate import Evaluation, Policy, resolve_program_path
 from execgate.policy.layers import (
@@ -51,6 +51,7 @@ __all__ = [
     "load_layered_policy",
     "load_rules_files",
     "project_root",
+    "remove_allow_rule",
     "resolve_program_path",
     "trust_project",
     "trusted_projects",

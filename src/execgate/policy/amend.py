@@ -90,3 +90,35 @@ def append_rule_line(path: Path, line: str) -> bool:
         except OSError as exc:
             raise PolicyError(f"failed to write to policy file {path}: {exc.strerror}") from None
     return True
+
+
+def remove_allow_rule(path: Path, tokens: Sequence[str]) -> bool:
+    """Remove the line :func:`append_allow_rule` writes for ``tokens`` from ``path``, keeping
+    every other byte as it was (line endings, comments, a missing final newline). Rewritten in
+    place under the same lock appenders take, so no append is lost. Returns ``False`` when the
+    line is not there."""
+    line = allow_rule_line(tokens).encode()
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PolicyError(f"failed to open policy file {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "r+b") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            lines = _lines_with_ends(handle.read())
+            kept = [raw for raw in lines if raw.rstrip(b"\n").removesuffix(b"\r") != line]
+            if len(kept) == len(lines):
+                return False
+            handle.seek(0)
+            handle.write(b"".join(kept))
+            handle.truncate()
+            handle.flush()
+        except OSError as exc:
+            raise PolicyError(f"failed to write to policy file {path}: {exc.strerror}") from None
+    return True
+
+
+def _lines_with_ends(data: bytes) -> list[bytes]:
+    """``data`` split after each ``\n`` (the lines as Codex reads them), ends kept."""
+    parts = data.split(b"\n")
+    return [part + b"\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])

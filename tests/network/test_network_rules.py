@@ -82,7 +82,9 @@ def test_network_settings(tmp_path: Path) -> None:
     assert "network through the proxy" in spec.describe()
     # flags win over config; off means no namespace at all
     assert build_spec("workspace-write", cwd=tmp_path, config=loaded.sandbox, network="on").network
-    assert not build_spec("off", cwd=tmp_path, network="proxy").network_proxy
+    with pytest.raises(ExecgateError, match="--network proxy needs a sandbox"):
+        build_spec("off", cwd=tmp_path, network="proxy")
+    assert not build_spec("off", cwd=tmp_path, config=loaded.sandbox).network_proxy
     # network rules in force: the proxy is workspace-write's default, not read-only's
     assert build_spec("workspace-write", cwd=tmp_path, network_rules=True).network_proxy
     assert not build_spec("read-only", cwd=tmp_path, network_rules=True).network_proxy

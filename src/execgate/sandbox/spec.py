@@ -327,6 +327,11 @@ def build_spec(
     else:
         raise ExecgateError(f"unknown network mode {network!r} (on, off or proxy)")
     if network_mode == "proxy" and chosen == "off":
+        if network == "proxy":
+            raise ExecgateError(
+                "--network proxy needs a sandbox (--sandbox read-only or workspace-write): "
+                "with --sandbox off nothing is confined, the network included"
+            )
         network_mode = "off"  # nothing is confined: there is no namespace to put a proxy in
     return SandboxSpec(
         mode=chosen,

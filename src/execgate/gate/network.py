@@ -45,7 +45,7 @@ from execgate.netproxy.resolve import IPAddress, ResolveError, Resolver, is_inte
 from execgate.netproxy.server import Admission, Connection
 from execgate.policy import Decision, Policy
 from execgate.policy.amend import network_allow_line
-from execgate.policy.network import NetworkJudgement, judge_network, rule_text
+from execgate.policy.network import NetworkJudgement, judge_network, rule_location, rule_text
 
 NetworkDefault = Literal["prompt", "deny", "allow"]
 NETWORK_DEFAULTS: tuple[NetworkDefault, ...] = ("prompt", "deny", "allow")
@@ -210,7 +210,7 @@ class NetworkGate:
                 port=target.port,
                 protocol=target.protocol,
                 addresses=tuple(str(a) for a in addresses),
-                rules=tuple(rule_text(r) + f" at {_loc(r)}" for r in judgement.deciding()),
+                rules=tuple(rule_text(r) + f" at {rule_location(r)}" for r in judgement.deciding()),
                 justification=judgement.justification(),
             ),
         )
@@ -221,10 +221,6 @@ class NetworkGate:
             future.cancel()
 
 
-def _loc(rule: Any) -> str:
-    return f"{rule.source.path}:{rule.source.line}" if rule.source else "built-in"
-
-
 def _forbidden_text(where: str, judgement: NetworkJudgement, rule: str) -> str:
     if not judgement.matches:
         return (
@@ -233,7 +229,7 @@ def _forbidden_text(where: str, judgement: NetworkJudgement, rule: str) -> str:
             f'network_rule(host="{judgement.host}", protocol="{judgement.protocol}", '
             'decision="allow") to your rules'
         )
-    rules = "; ".join(f"{rule_text(r)} at {_loc(r)}" for r in judgement.deciding())
+    rules = "; ".join(f"{rule_text(r)} at {rule_location(r)}" for r in judgement.deciding())
     why = judgement.justification()
     return f"execgate: network access to {where} is forbidden by {rules}" + (
         f": {why}" if why else ""

@@ -13,6 +13,11 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1: the wheel package's
+    from wheel.bdist_wheel import bdist_wheel
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -36,7 +41,16 @@ class BuildNative(build_ext):
         return list(getattr(self, "_outputs", []))
 
 
+class PlatformWheel(bdist_wheel):  # type: ignore[misc]
+    """Tag the wheel ``py3-none-<platform>``: it holds programs for this platform and pure
+    Python for any Python 3, and no module built against a Python ABI."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        _, _, platform = super().get_tag()
+        return "py3", "none", platform
+
+
 setup(
     ext_modules=[Extension("execgate._bin.placeholder", sources=[])],
-    cmdclass={"build_ext": BuildNative},
+    cmdclass={"build_ext": BuildNative, "bdist_wheel": PlatformWheel},
 )

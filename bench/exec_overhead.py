@@ -11,6 +11,11 @@ Configurations:
   run (round trip)      a rule names `true` but does not match: every exec asks the server
   run, workspace-write  as "run (snapshot)", inside the workspace-write sandbox
   escalate              `true` allowed, in workspace-write: every exec is escalated
+  shadowed              a rule names `true` but does not match, in workspace-write: every exec
+                        is of its stand-in (docs/sandbox.md "The exec backstop"), asks the
+                        server and runs confined through the launcher
+  run (content check)   a rule names a file of `true`'s size but other content: every exec
+                        asks, and the server compares contents (digest cached), then runs it
   ..., no decision log  the same with `[log] enabled = false`: what the always-on decision
                         log costs a server-decided or escalated exec (target: at most 3%)
 Targets (issue #3): run <= 1.25x plain, escalate <= 2x plain. Codex's shell-tool MCP measures
@@ -42,12 +47,26 @@ CONFIGS: dict[str, tuple[str | None, list[str]]] = {
         ["--sandbox", "workspace-write"],
     ),
     "escalate": ('prefix_rule(["true"], "allow")\n', ["--sandbox", "workspace-write"]),
+    "shadowed": (
+        'prefix_rule(["true", "--never"], "forbidden")\n',
+        ["--sandbox", "workspace-write"],
+    ),
+    "run (content check)": ('prefix_rule(["{home}/look-alike"], "forbidden")\n', []),
 }
 # Configurations run again with the decision log off: name -> the configuration it mirrors.
 NO_LOG = {
     "round trip, no log": "run (round trip)",
     "escalate, no log": "escalate",
 }
+
+
+def look_alike(home: Path) -> None:
+    """A file of /bin/true's size with other content (its last byte changed)."""
+    data = bytearray(Path("/bin/true").read_bytes())
+    data[-1] ^= 0xFF
+    path = home / "look-alike"
+    path.write_bytes(bytes(data))
+    path.chmod(0o755)
 
 
 def measure(rules: Path | None, options: list[str], execs: int, env: dict[str, str]) -> int:
@@ -74,6 +93,7 @@ def main() -> None:
             "EXECGATE_HOME": str(home / "execgate"),
             "LANG": "C.UTF-8",
         }
+        look_alike(home)
         quiet = home / "execgate-no-log"
         quiet.mkdir()
         (quiet / "config.toml").write_text("[log]\nenabled = false\n")
@@ -84,7 +104,7 @@ def main() -> None:
                 rules[name] = None
             else:
                 path = home / f"{len(rules)}.rules"
-                path.write_text(text)
+                path.write_text(text.format(home=home))
                 rules[name] = path
         samples: dict[str, list[int]] = {name: [] for name in [*CONFIGS, *NO_LOG]}
         for _ in range(args.rounds):

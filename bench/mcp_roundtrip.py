@@ -8,7 +8,16 @@ interleaved, and prints both and their ratio:
 * ``true`` -- a bash builtin, no exec: the fixed cost of a call (session, launcher, shell);
 * a loop of 100 ``/bin/true`` -- 100 gated execs.
 
+With ``--unified`` it also measures unified exec (``--tools shell,unified``):
+
+* ``exec_command`` start to first output (``echo ready``; the process ends, so the result comes
+  at once) against ``bash -c 'echo ready'``;
+* ``write_stdin`` echo round trip: a line written to ``cat`` on a PTY until its echo comes back
+  (the result comes once the answer has arrived and settled), against the same exchange with
+  ``cat`` on a PTY of our own.
+
 Usage: python bench/mcp_roundtrip.py [--runs N] [--sandbox MODE] [--login] [--mode legacy|auto]
+                                    [--unified]
 """
 
 from __future__ import annotations
@@ -16,6 +25,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import pty
+import select
 import statistics
 import subprocess
 import sys
@@ -32,9 +43,78 @@ COMMANDS = {
 }
 
 
+def plain_pty_echo(env: dict[str, str], runs: int) -> list[float]:
+    """Write a line to ``cat`` on a PTY of our own; time until its echo is read back."""
+    leader, follower = pty.openpty()
+    cat = subprocess.Popen(["cat"], stdin=follower, stdout=follower, stderr=follower, env=env)
+    os.close(follower)
+    timings = []
+    try:
+        for i in range(runs + 1):
+            line = f"ping{i}\n".encode()
+            started = time.perf_counter()
+            os.write(leader, line)
+            seen = b""
+            while seen.count(f"ping{i}".encode()) < 2:  # the terminal's echo, then cat's
+                select.select([leader], [], [], 5)
+                seen += os.read(leader, 4096)
+            timings.append(time.perf_counter() - started)
+    finally:
+        cat.kill()
+        cat.wait()
+        os.close(leader)
+    return timings[1:]
+
+
+async def measure_unified(
+    client: Client, work: Path, env: dict[str, str], runs: int
+) -> list[tuple[str, list[float], list[float]]]:
+    arguments = {"workdir": str(work), "login": False}
+    starts, plain_starts, echoes = [], [], []
+    for i in range(runs + 1):
+        started = time.perf_counter()
+        result = await client.call_tool("exec_command", {**arguments, "cmd": "echo ready"})
+        elapsed = time.perf_counter() - started
+        assert result.structured_content is not None, result
+        assert "ready" in result.structured_content["output"], result
+        plain = plain_bash("echo ready", work, env, login=False)
+        if i:
+            starts.append(elapsed)
+            plain_starts.append(plain)
+    first = await client.call_tool(
+        "exec_command", {**arguments, "cmd": "exec cat", "tty": True, "yield_time_ms": 250}
+    )
+    assert first.structured_content is not None, first
+    session_id = first.structured_content["session_id"]
+    for i in range(runs + 1):
+        line = f"ping{i}\n"
+        started = time.perf_counter()
+        seen = ""
+        while seen.count(f"ping{i}") < 2:  # the terminal's echo, then cat's
+            result = await client.call_tool(
+                "write_stdin", {"session_id": session_id, "chars": line, "yield_time_ms": 1000}
+            )
+            line = ""
+            assert result.structured_content is not None, result
+            seen += result.structured_content["output"]
+        if i:
+            echoes.append(time.perf_counter() - started)
+    await client.call_tool("write_stdin", {"session_id": session_id, "chars": "\u0004"})
+    return [
+        ("exec_command to output", plain_starts, starts),
+        ("write_stdin echo (PTY)", plain_pty_echo(env, runs), echoes),
+    ]
+
+
 def plain_bash(command: str, cwd: Path, env: dict[str, str], login: bool) -> float:
     started = time.perf_counter()
-    subprocess.run(["bash", "-lc" if login else "-c", command], cwd=cwd, env=env, check=True)
+    subprocess.run(
+        ["bash", "-lc" if login else "-c", command],
+        cwd=cwd,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return time.perf_counter() - started
 
 
@@ -58,10 +138,14 @@ async def measure(args: argparse.Namespace) -> None:
         rules.write_text('prefix_rule(["git", "push"], "prompt")\n')
         params = StdioServerParameters(
             command=sys.executable,
-            args=["-m", "execgate", "mcp", "-q", "--rules", str(rules), "--sandbox", args.sandbox],
+            args=[
+                *("-m", "execgate", "mcp", "-q", "--rules", str(rules), "--sandbox", args.sandbox),
+                *(("--tools", "shell,unified") if args.unified else ()),
+            ],
             env=env,
             cwd=work,
         )
+        unified: list[tuple[str, list[float], list[float]]] = []
         timings: dict[str, dict[str, list[float]]] = {
             name: {"plain": [], "mcp": []} for name in COMMANDS
         }
@@ -79,6 +163,8 @@ async def measure(args: argparse.Namespace) -> None:
                         assert not result.is_error and result.structured_content is not None
                         assert result.structured_content["exit_code"] == 0, result
                         timings[name]["plain"].append(plain_bash(command, work, env, args.login))
+                if args.unified:
+                    unified = await measure_unified(client, work, env, args.runs)
 
     print(
         f"execgate mcp `shell` round trip vs plain bash (median of {args.runs}; protocol "
@@ -97,6 +183,11 @@ async def measure(args: argparse.Namespace) -> None:
         f"per exec (loop minus `true`): plain {per_plain:.0f} us, gated {per_mcp:.0f} us "
         f"({per_mcp / per_plain:.2f}x)"
     )
+    if unified:
+        print(f"{'unified exec (medians)':<26}{'plain':>12}{'execgate mcp':>15}")
+    for name, plain_runs, gated_runs in unified:
+        plain, gated = statistics.median(plain_runs), statistics.median(gated_runs)
+        print(f"{name:<26}{plain * 1e3:>9.2f} ms{gated * 1e3:>12.2f} ms")
 
 
 def main() -> None:
@@ -105,6 +196,7 @@ def main() -> None:
     parser.add_argument("--sandbox", default="workspace-write")
     parser.add_argument("--login", action="store_true", help="bash -lc (the tool's default)")
     parser.add_argument("--mode", choices=("legacy", "auto"), default="legacy")
+    parser.add_argument("--unified", action="store_true", help="also measure unified exec")
     asyncio.run(measure(parser.parse_args()))
 
 

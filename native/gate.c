@@ -610,6 +610,7 @@ struct prog {
     unsigned long long dev, ino;
     mode_t mode;        /* st_mode of the checked file (set-id bits) */
     nlink_t nlink;      /* its link count */
+    unsigned long long size; /* st_size: a copy of a rule-named file has its size (§6) */
     char *abs;          /* PATH */
     char *real;         /* REALPATH, "" if unknown */
     char names[2 * EG_PATH]; /* real, then abs: together, so the hot path touches one page */
@@ -786,6 +787,7 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
     p->dev = p->ino = 0;
     p->mode = 0;
     p->nlink = 0;
+    p->size = 0;
     p->real = p->names;
     p->abs = p->names + EG_PATH; /* moved next to real once real is known */
     p->real[0] = p->abs[0] = p->iname[0][0] = p->iarg[0][0] = '\0';
@@ -816,6 +818,7 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
         }
         p->mode = st.st_mode;
         p->nlink = st.st_nlink;
+        p->size = (unsigned long long)st.st_size;
         p->dev = (unsigned long long)st.st_dev;
         p->ino = (unsigned long long)st.st_ino;
         return 0;
@@ -855,6 +858,7 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
     }
     p->mode = st.st_mode;
     p->nlink = st.st_nlink;
+    p->size = (unsigned long long)st.st_size;
     p->dev = (unsigned long long)st.st_dev;
     p->ino = (unsigned long long)st.st_ino;
     p->fd = fd;
@@ -903,8 +907,8 @@ struct snap_map {
     long long mtime_sec, mtime_nsec, st_size;
     int valid;          /* well-formed */
     unsigned flags;
-    uint32_t names, files;
-    uint64_t names_off, files_off;
+    uint32_t names, files, sizes;
+    uint64_t names_off, files_off, sizes_off;
 };
 
 static struct snap_map snap_slots[SNAP_SLOTS];
@@ -937,19 +941,21 @@ static void snap_validate(struct snap_map *m)
     m->flags = le32(b + 8);
     m->names = le32(b + 12);
     m->files = le32(b + 16);
+    m->sizes = le32(b + 20);
     m->names_off = le64(b + 24);
     m->files_off = le64(b + 32);
+    m->sizes_off = le64(b + 40);
     if (m->flags & ~SNAP_ASK_ALWAYS)
         return; /* a flag we do not know: do not guess */
-    if (le32(b + 20) != 0)
-        return;
-    for (int i = 40; i < 64; i++)
+    for (int i = 48; i < 64; i++)
         if (b[i])
             return;
     uint64_t size = m->size;
     if (m->names_off > size || (uint64_t)m->names * 8 > size - m->names_off)
         return;
     if (m->files_off > size || (uint64_t)m->files * 16 > size - m->files_off)
+        return;
+    if (m->sizes_off > size || (uint64_t)m->sizes * 8 > size - m->sizes_off)
         return;
     /* sorted, or a binary search could miss a name and run what should have asked */
     for (uint32_t i = 1; i < m->names; i++)
@@ -961,6 +967,9 @@ static void snap_validate(struct snap_map *m)
         if (xd > yd || (xd == yd && xi > yi))
             return;
     }
+    for (uint32_t i = 1; i < m->sizes; i++)
+        if (le64(b + m->sizes_off + 8 * (i - 1)) > le64(b + m->sizes_off + 8 * i))
+            return;
     m->valid = 1;
 }
 
@@ -999,6 +1008,23 @@ static int snap_has_file(const struct snap_map *m, uint64_t dev, uint64_t ino)
     return 0;
 }
 
+static int snap_has_size(const struct snap_map *m, uint64_t size)
+{
+    const unsigned char *base = m->base + m->sizes_off;
+    uint32_t lo = 0, hi = m->sizes;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        uint64_t v = le64(base + 8 * (uint64_t)mid);
+        if (v == size)
+            return 1;
+        if (v < size)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0;
+}
+
 static int snap_name_str(const struct snap_map *m, const char *s)
 {
     return *s && snap_has_name(m, s, strlen(s));
@@ -1014,6 +1040,10 @@ static int snap_match(const struct snap_map *m, const struct prog *p)
     if (snap_name_str(m, p->abs) || snap_name_str(m, eg_basename(p->abs)))
         return 1;
     if (snap_name_str(m, p->real) || snap_name_str(m, eg_basename(p->real)))
+        return 1;
+    /* Of a rule-named file's size: maybe a copy of it (renamed, in a memfd, of ld.so), which
+     * only the server can tell, by content. Sizes rarely collide otherwise. */
+    if (snap_has_size(m, p->size))
         return 1;
     /* A script runs its interpreter, which may be a symlink, a hard link or itself a script
      * (the kernel follows up to four): only the server can resolve all that, so scripts

@@ -6,7 +6,9 @@
  * A child subreaper: every process of the session stays its descendant. It spawns what the
  * server asks for (optionally confined), reports spawned / failed / exited, forwards signals,
  * and at the end (shutdown request, control channel EOF, SIGTERM) kills every descendant,
- * including daemons that setsid'ed or double-forked, and reaps them all before exiting.
+ * including daemons that setsid'ed or double-forked, and reaps them all before exiting: exit
+ * status 0 says none is left (the server then has nothing to sweep), EXIT_LEFT_BEHIND that
+ * some outlived the SIGKILL rounds.
  *
  * Escalations: the server authorizes a ticket (what to run, how to build its environment) on
  * the control channel; the claimer (the interposer in the exec'ing process, or the wrapper)
@@ -37,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -62,6 +65,7 @@
 #define EOF_GRACE_MS 500
 #define MAX_GRACE_MS 600000
 #define KILL_ROUNDS_MS 10000 /* bound on the SIGKILL rounds of a shutdown */
+#define EXIT_LEFT_BEHIND 3   /* a shutdown gave up on descendants (they go to our parent) */
 #define MSG_CAP 1024
 #define MAX_LIFETIME_MS 3600000LL /* bound on a ticket's lifetime */
 #define MAX_CONNS 4096             /* claim connections open at once */
@@ -121,6 +125,7 @@ struct ticket {
     char **argv, **drop, **prefix, **keep, **set; /* NULL-terminated */
     long long expires;        /* now_ms() deadline */
     int fd;                   /* the judged program (close-on-exec): what a claim executes */
+    int confined;             /* `authorize-confined`: the claim runs it inside the sandbox */
 };
 
 static struct sb_config g_sandbox;
@@ -539,12 +544,14 @@ static void shutdown_session(long long grace_ms)
         }
     }
     long long limit = now_ms() + KILL_ROUNDS_MS;
+    int status = 0;
     while (reap() >= 0) {
         signal_descendants(SIGKILL, 0);
         if (reap() < 0)
             break;
         if (now_ms() > limit) {
             note("giving up: descendants still alive after %d ms of SIGKILL", KILL_ROUNDS_MS);
+            status = EXIT_LEFT_BEHIND;
             break;
         }
         wait_signal(2);
@@ -552,7 +559,7 @@ static void shutdown_session(long long grace_ms)
     /* Pending spawns whose child never reported (killed before exec): nothing to say. */
     if (g_control >= 0)
         close(g_control);
-    exit(0);
+    exit(status);
 }
 
 /* -- spawning ------------------------------------------------------------------------------- */
@@ -716,7 +723,13 @@ static void child(const struct spawn *s, const int *fds, struct report *out)
     (void)setrlimit(RLIMIT_NOFILE, &g_nofile);
 
     if (s->sandbox) {
-        r = sb_apply(&g_sandbox, s->cwd, msg, sizeof msg);
+        /* A confined claim runs the program a stand-in covers (protocol §7
+         * authorize-confined): leave that program uncovered in its own sandbox, so that a
+         * script's interpreter, which reads it by path, reads the script. */
+        struct sb_config confined = g_sandbox;
+        if (s->execfd >= 0)
+            confined.uncovered = s->path;
+        r = sb_apply(&confined, s->cwd, msg, sizeof msg);
         if (r < 0)
             child_fail(out, -r, "%s", msg[0] ? msg : strerror(-r));
     } else if (chdir(s->cwd) < 0) {
@@ -963,8 +976,9 @@ static struct ticket *take_ticket(const char *id)
 
 /* EG1 · authorize · TICKET · LIFETIME_MS · TOKEN · DISPLAY · PATH · CWD · ARGC · ARGV… ·
  *       DROPC · NAME… · PREFIXC · PREFIX… · KEEPC · ENTRY… · SETC · ENTRY…   + the program's fd
+ * (`authorize-confined`: the same fields; the claim runs the program inside the sandbox).
  * Takes ownership of payload (the ticket's strings point into it) and of fd. 0 or -EPROTO. */
-static int handle_authorize(struct eg_fields *f, char *payload, int fd)
+static int handle_authorize(struct eg_fields *f, char *payload, int fd, int confined)
 {
     struct ticket *t = calloc(1, sizeof *t);
     if (!t) {
@@ -974,6 +988,7 @@ static int handle_authorize(struct eg_fields *f, char *payload, int fd)
     }
     t->mem = payload;
     t->fd = fd;
+    t->confined = confined;
     long long lifetime;
     size_t idlen;
     if (!(t->id = eg_next(f, &idlen)) || eg_next_long(f, &lifetime) < 0 ||
@@ -1269,10 +1284,13 @@ static void handle_claim(struct conn *c, char *payload, size_t len)
     } else {
         pid_t pgid = getpgid(c->peer); /* the claimer's group: the terminal's signals reach it */
         struct spawn s = {.pgid = pgid > 0 ? pgid : 0, .cwd = t->cwd, .path = t->path,
-                          .execfd = t->fd, .nfds = c->nfds, .dst = dst, .argv = t->argv, .envp = envp};
+                          .execfd = t->fd, .nfds = c->nfds, .dst = dst, .argv = t->argv, .envp = envp,
+                          .sandbox = t->confined};
         struct proc p = {.id = -1, .state = P_PENDING, .pgid = -1, .conn = c};
         struct failure failure;
-        int r = start_child_vfork(&s, c->fds, &p, &failure);
+        /* A confined claim sets up a sandbox (allocations, namespaces): a forked child, whose
+         * outcome resolve() reports when its error pipe closes. */
+        int r = t->confined ? start_child(&s, c->fds, &p) : start_child_vfork(&s, c->fds, &p, &failure);
         for (int i = 0; i < c->nfds; i++)
             close(c->fds[i]);
         c->nfds = 0;
@@ -1281,7 +1299,9 @@ static void handle_claim(struct conn *c, char *payload, size_t len)
                       strerror(-r));
         } else {
             c->pid = p.pid; /* the proc entry refers to c from now on */
-            if (p.state == P_FAILED)
+            if (p.state == P_PENDING)
+                ; /* confined: resolve() tells the claimer */
+            else if (p.state == P_FAILED)
                 claim_failed(c, failure.msg);
             else
                 claim_running(c);
@@ -1495,12 +1515,13 @@ static int handle_message(char **payload, size_t len, int *fds, int nfds, long l
         r = -EPROTO;
     else if (!strcmp(kind, "spawn"))
         r = handle_spawn(&f, fds, nfds) < 0 ? -EPROTO : 1;
-    else if (!strcmp(kind, "authorize")) {
+    else if (!strcmp(kind, "authorize") || !strcmp(kind, "authorize-confined")) {
         if (nfds != 1)
             return -EPROTO; /* the caller closes what came */
         char *kept = *payload;
         *payload = NULL;
-        r = handle_authorize(&f, kept, fds[0]) < 0 ? -EPROTO : 1;
+        int confined = kind[9] != '\0';
+        r = handle_authorize(&f, kept, fds[0], confined) < 0 ? -EPROTO : 1;
         fds[0] = -1; /* the ticket's now (or closed) */
     } else if (nfds)
         r = -EPROTO;
@@ -1563,7 +1584,7 @@ static int control_step(void)
 
 static void usage(void)
 {
-    note("usage: execgate-launch --control FD [--claim-fd FD] "
+    note("usage: execgate-launch --control FD [--claim-fd FD] [--terminal FD] "
          "[--sandbox read-only|workspace-write|off] "
          "[--writable DIR]... [--readonly PATH]... [--protect NAME]... [--hide DIR]... "
          "[--network] [--proxy-port N --proxy-report-fd FD] [--strict-exec] [--exec-dir PATH]...\n"
@@ -1585,7 +1606,7 @@ static int parse_fd(const char *opt, const char *text, long long *out)
 int main(int argc, char **argv)
 {
     int probe = 0;
-    long long control = -1, claim = -1;
+    long long control = -1, claim = -1, terminal = -1;
     char err[256];
     /* Claim buffers of 1 MiB and more are mapped and go back to the system when freed (a
      * fixed threshold: glibc's adaptive one would keep them in the heap after the first). */
@@ -1606,6 +1627,9 @@ int main(int argc, char **argv)
                 return 2;
         } else if (!strcmp(argv[i], "--claim-fd") && i + 1 < argc) {
             if (parse_fd("--claim-fd", argv[++i], &claim) < 0)
+                return 2;
+        } else if (!strcmp(argv[i], "--terminal") && i + 1 < argc) {
+            if (parse_fd("--terminal", argv[++i], &terminal) < 0)
                 return 2;
         } else {
             usage();
@@ -1641,6 +1665,17 @@ int main(int argc, char **argv)
             return 2;
         }
         fcntl(g_sandbox.proxy_report, F_SETFD, FD_CLOEXEC);
+    }
+    if (terminal >= 0) {
+        /* A session leader (the server started us with setsid) takes the terminal as its
+         * controlling terminal, so a main spawn in a group of its own gets it (Ctrl-C reaches
+         * that group) and /dev/tty works for its programs. */
+        if (ioctl((int)terminal, TIOCSCTTY, 0) < 0) {
+            note("--terminal: cannot make descriptor %lld our terminal: %s", terminal,
+                 strerror(errno));
+            return 2;
+        }
+        close((int)terminal);
     }
     g_uid = geteuid();
 

@@ -194,6 +194,14 @@ int sb_parse_option(struct sb_config *c, int argc, char **argv, int *i, char *er
             c->proxy_report = (int)v;
         return 1;
     }
+    if (!strcmp(opt, "--shadows")) {
+        if (*i + 1 >= argc || argv[*i + 1][0] != '/') {
+            snprintf(err, cap, "--shadows needs an absolute path");
+            return -1;
+        }
+        c->shadows = argv[++*i];
+        return 1;
+    }
     if (!strcmp(opt, "--sandbox"))
         list = NULL;
     else if (!strcmp(opt, "--writable"))
@@ -354,6 +362,69 @@ static int hide_dir(const char *path, char *msg, size_t cap)
               "mode=0555") < 0)
         return fail(msg, cap, errno, "cannot hide %s (mount tmpfs)", path);
     return 0;
+}
+
+/* Cover every program a rule names with its stand-in (docs/sandbox.md "The exec backstop").
+ * The table is the server's: (stand-in, program) path pairs, each path NUL-terminated. A
+ * program that does not exist (or is not a regular file) is skipped: nothing there to run.
+ * Any other failure fails the spawn: a program left uncovered would run unasked. */
+static int shadow_programs(const char *table, const char *uncovered, char *msg, size_t cap)
+{
+    int fd = open(table, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return fail(msg, cap, errno, "cannot read the stand-in table %s", table);
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > (64 << 20)) {
+        close(fd);
+        return fail(msg, cap, EINVAL, "the stand-in table %s is not a file", table);
+    }
+    size_t len = (size_t)st.st_size;
+    char *buf = malloc(len + 1);
+    if (!buf) {
+        close(fd);
+        return fail(msg, cap, ENOMEM, "reading the stand-in table");
+    }
+    size_t got = 0;
+    while (got < len) {
+        ssize_t k = read(fd, buf + got, len - got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+    }
+    close(fd);
+    int r = 0;
+    if (got != len || (len && buf[len - 1] != '\0')) {
+        r = fail(msg, cap, EINVAL, "the stand-in table %s is truncated", table);
+        goto out;
+    }
+    for (size_t at = 0; at < len;) {
+        const char *standin = buf + at;
+        at += strlen(standin) + 1;
+        if (at >= len) {
+            r = fail(msg, cap, EINVAL, "the stand-in table %s is truncated", table);
+            goto out;
+        }
+        const char *program = buf + at;
+        at += strlen(program) + 1;
+        struct stat pst;
+        if (stat(program, &pst) < 0 || !S_ISREG(pst.st_mode))
+            continue;
+        if (uncovered && !strcmp(program, uncovered))
+            continue;
+        if (mount(standin, program, NULL, MS_BIND, NULL) < 0) {
+            r = fail(msg, cap, errno, "cannot cover %s with its stand-in", program);
+            goto out;
+        }
+        if (set_readonly(program, 0) < 0) {
+            r = fail(msg, cap, errno, "cannot make the stand-in of %s read-only", program);
+            goto out;
+        }
+    }
+out:
+    free(buf);
+    return r;
 }
 
 /* mountinfo escapes space, tab, newline and backslash as \ooo. */
@@ -680,16 +751,24 @@ static int drop_capabilities(char *msg, size_t cap)
 #define JUMP(code, k, jt, jf) ((struct sock_filter)BPF_JUMP(code, k, jt, jf))
 #define RET_ERRNO(e) (SECCOMP_RET_ERRNO | ((e)&SECCOMP_RET_DATA))
 
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008U
+#endif
+#ifndef MFD_EXEC
+#define MFD_EXEC 0x0010U
+#endif
+
 /* network: 1 no restriction; 0 socket() for AF_UNIX only, or (inet) also AF_INET/AF_INET6
  * (proxy mode: the network namespace holds nothing but loopback). */
-static int seccomp_filter(int network, int inet, char *msg, size_t cap)
+static int seccomp_filter(int network, int inet, int strict_exec, char *msg, size_t cap)
 {
 #ifndef SB_AUDIT_ARCH
     (void)network;
     (void)inet;
+    (void)strict_exec;
     return fail(msg, cap, ENOSYS, "no seccomp filter for this CPU architecture");
 #else
-    struct sock_filter f[48];
+    struct sock_filter f[64];
     int n = 0;
     f[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
     f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SB_AUDIT_ARCH, 1, 0);
@@ -714,6 +793,24 @@ static int seccomp_filter(int network, int inet, char *msg, size_t cap)
     f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, TIOCLINUX, 1, 0);
     f[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
     f[n++] = STMT(BPF_RET | BPF_K, RET_ERRNO(EPERM));
+    /* Another process's memory or registers: a child rewriting an exec the gate approved, or
+     * the stand-in's request before it is sent. */
+    static const int tracing[] = {__NR_ptrace, __NR_process_vm_writev, __NR_process_vm_readv};
+    for (size_t i = 0; i < sizeof tracing / sizeof tracing[0]; i++) {
+        f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)tracing[i], 0, 1);
+        f[n++] = STMT(BPF_RET | BPF_K, RET_ERRNO(EPERM));
+    }
+    if (strict_exec) {
+        /* vm.memfd_noexec=2 for this process tree: Landlock does not see a memfd (it has no
+         * path), so an executable one would run bytes written from anywhere. Only memfds
+         * sealed non-executable (MFD_NOEXEC_SEAL, not MFD_EXEC) may be created. */
+        f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_memfd_create, 0, 4);
+        f[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LO(1));
+        f[n++] = STMT(BPF_ALU | BPF_AND | BPF_K, MFD_NOEXEC_SEAL | MFD_EXEC);
+        f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, MFD_NOEXEC_SEAL, 1, 0);
+        f[n++] = STMT(BPF_RET | BPF_K, RET_ERRNO(EPERM));
+        f[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+    }
     if (!network) {
         /* socket()/socketpair() for AF_UNIX only (the domain is an int: low word); proxy
          * mode adds AF_INET and AF_INET6. */
@@ -769,7 +866,7 @@ int sb_apply(const struct sb_config *c, const char *cwd, char *msg, size_t cap)
      * otherwise best effort: without it an unprivileged user keeps control of the metadata of
      * their own files outside the roots (docs/sandbox.md). */
     const char *how = NULL;
-    int need = carve.n > 0 || c->hide.n > 0 || geteuid() == 0;
+    int need = carve.n > 0 || c->hide.n > 0 || c->shadows || geteuid() == 0;
     char nsmsg[256] = "";
     r = enter_mount_ns(&how, nsmsg, sizeof nsmsg);
     if (r < 0 && need) {
@@ -782,6 +879,9 @@ int sb_apply(const struct sb_config *c, const char *cwd, char *msg, size_t cap)
         for (int i = 0; i < carve.n; i++)
             if ((r = bind_readonly(carve.v[i], msg, cap)) < 0)
                 goto out;
+        /* After the read-only pass (each stand-in is made read-only itself), before hiding. */
+        if (c->shadows && (r = shadow_programs(c->shadows, c->uncovered, msg, cap)) < 0)
+            goto out;
         /* Last, so a hidden folder inside a carve-out is covered too. */
         for (int i = 0; i < c->hide.n; i++)
             if ((r = hide_dir(c->hide.v[i], msg, cap)) < 0)
@@ -801,7 +901,7 @@ int sb_apply(const struct sb_config *c, const char *cwd, char *msg, size_t cap)
         goto out;
     if ((r = drop_capabilities(msg, cap)) < 0)
         goto out;
-    r = seccomp_filter(c->network, c->proxy_port > 0, msg, cap);
+    r = seccomp_filter(c->network, c->proxy_port > 0, c->strict_exec, msg, cap);
 out:
     paths_free(&roots);
     paths_free(&carve);
@@ -872,7 +972,7 @@ static int try_seccomp(const struct sb_config *c, char *msg, size_t cap)
     (void)c;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         return fail(msg, cap, errno, "PR_SET_NO_NEW_PRIVS");
-    int r = seccomp_filter(0, 0, msg, cap);
+    int r = seccomp_filter(0, 0, 0, msg, cap);
     if (r < 0)
         return r;
     /* The filter must really work: an inet socket is refused, a Unix one is not. */

@@ -3,6 +3,13 @@
  *   execgate-wrapper FILE [ARGV]...   patched-shell convention: gate FILE, then exec it
  *                                     (raw syscall: a preloaded interposer does not ask again),
  *                                     deny (126) or claim the escalation in-process
+ *   execgate-wrapper --shadow FILE [ARGS]...
+ *                                     stand-in mode: FILE is a stand-in (`#!WRAPPER --shadow`)
+ *                                     the sandbox mounted over a program a rule names, so the
+ *                                     kernel started us for an exec of it that nothing else
+ *                                     asked about (raw syscall, static binary, ...): ask with
+ *                                     argv [FILE, ARGS...]; the server judges the program the
+ *                                     stand-in's identity stands for and never answers `run`
  *   argv = ["execgate-claim", TICKET] claim mode: started by the interposer for an escalation
  *                                     it cannot claim in-process (vfork children, posix_spawn,
  *                                     multi-threaded callers); sends its descriptors and
@@ -21,13 +28,22 @@
 
 struct run_ctx {
     char *const *argv;
+    int standin; /* --shadow: only a claim may follow (the stand-in itself is no program) */
 };
+
+static const char not_a_standin[] =
+    "execgate: denied: this is a copy of the stand-in for a program a rule names, not the "
+    "program\n";
 
 static int wrapper_run(void *vctx, const struct eg_plan *plan)
 {
     struct run_ctx *x = vctx;
     if (plan->how == EG_HOW_CLAIM)
         eg_claim(plan->ticket, plan->envp, x->argv, 0);
+    if (x->standin) { /* `run` of a stand-in: a copy of one (memfd, workspace); never loop */
+        eg_write_all(2, not_a_standin, sizeof not_a_standin - 1);
+        _exit(126);
+    }
     return eg_exec_plan(plan);
 }
 
@@ -75,6 +91,19 @@ int main(int argc, char **argv, char **envp)
         static const char usage[] = "usage: execgate-wrapper FILE [ARGV]...\n";
         eg_write_all(2, usage, sizeof usage - 1);
         return 2;
+    }
+    if (argc >= 3 && !strcmp(argv[1], "--shadow")) {
+        /* The kernel ran a stand-in's `#!` line: argv = [WRAPPER, --shadow, FILE, ARGS...]
+         * (the caller's argv[0] is lost; FILE, as the caller named it, takes its place). */
+        struct run_ctx x = {.argv = argv + 2, .standin = 1};
+        struct eg_call c = {.via = "shadow", .dirfd = AT_FDCWD, .path = argv[2], .fd = -1,
+                            .argv = argv + 2, .envp = envp};
+        int r = eg_gate(&c, wrapper_run, &x);
+        if (c.denied)
+            return 126;
+        say("execgate: denied: ", argv[2], r == ENOENT ? ": No such file or directory"
+                                                       : ": cannot be asked about");
+        return r == ENOENT ? 127 : 126;
     }
     struct run_ctx x = {.argv = argv + 2};
     /* Started by the interposer for posix_spawn/system/popen (argv[0] execgate-via-VIA): say

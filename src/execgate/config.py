@@ -70,6 +70,9 @@ class OtelConfig:
 class Config:
     path: Path | None = None
     import_codex_rules: bool = True
+    # The built-in default policy (policy/default.rules) is loaded under every other layer;
+    # only an explicit `default_policy = false` turns it off.
+    default_policy: bool = True
     # Escalated programs stay gated (their own execs are still decided by policy).
     gate_escalated: bool = True
     # Seconds a pending approval waits for a human before it is denied.
@@ -81,6 +84,32 @@ class Config:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     log: LogConfig = field(default_factory=LogConfig)
     otel: OtelConfig = field(default_factory=OtelConfig)
+    # The tools `execgate mcp` offers (see MCP_TOOLS).
+    tools: tuple[str, ...] = ("shell",)
+    # Folders of agent skills whose <skill>/scripts/ programs always ask (None: the defaults,
+    # $CODEX_HOME/skills and $EXECGATE_HOME/skills).
+    skills_dirs: tuple[str, ...] | None = None
+
+
+#: Tools `execgate mcp` can offer: the one-shot shell, and unified exec's pair.
+MCP_TOOLS = ("shell", "exec_command", "write_stdin")
+
+
+def check_tools(names: tuple[str, ...], where: str) -> tuple[str, ...]:
+    """``names`` without repeats; "unified" stands for exec_command and write_stdin.
+    :class:`ExecgateError` for an unknown name or an empty list."""
+    expanded: list[str] = []
+    for name in names:
+        for one in ("exec_command", "write_stdin") if name == "unified" else (name,):
+            if one not in MCP_TOOLS:
+                raise ExecgateError(
+                    f"{where}: unknown tool {one!r} (known: {', '.join(MCP_TOOLS)}, unified)"
+                )
+            if one not in expanded:
+                expanded.append(one)
+    if not expanded:
+        raise ExecgateError(f"{where}: name at least one tool")
+    return tuple(expanded)
 
 
 _TOML_NAMES = {dict: "table", list: "array", str: "string", bool: "boolean", int: "integer",
@@ -208,17 +237,22 @@ def load_config(path: Path | None = None) -> Config:
         return Config()
     except OSError as exc:
         raise ExecgateError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ExecgateError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ExecgateError(f"{path}: invalid TOML: {exc}") from None
     known = {
         "import_codex_rules",
+        "default_policy",
         "gate_escalated",
         "approval_timeout",
         "clean_escalated_env",
         "sandbox",
         "network",
+        "tools",
+        "skills_dirs",
         "log",
         "otel",
     }
@@ -238,11 +272,18 @@ def load_config(path: Path | None = None) -> Config:
         import_codex_rules=_check(
             path, "import_codex_rules", data.get("import_codex_rules", True), bool
         ),
+        default_policy=_check(path, "default_policy", data.get("default_policy", True), bool),
         gate_escalated=_check(path, "gate_escalated", data.get("gate_escalated", True), bool),
         approval_timeout=float(timeout),
         clean_escalated_env=clean,
         sandbox=_sandbox(path, _check(path, "sandbox", data.get("sandbox", {}), dict)),
         network=_network(path, _check(path, "network", data.get("network", {}), dict)),
+        skills_dirs=_strings(path, "skills_dirs", data["skills_dirs"])
+        if "skills_dirs" in data
+        else None,
+        tools=check_tools(
+            _strings(path, "tools", data.get("tools", ["shell"])), f"{path}: `tools`"
+        ),
         log=_log(path, _check(path, "log", data.get("log", {}), dict)),
         otel=_otel(path, _check(path, "otel", data.get("otel", {}), dict)),
     )

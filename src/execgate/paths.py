@@ -4,9 +4,11 @@ which only root can move: they hold the requirements that bind ordinary users.""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
+import stat
 from pathlib import Path
 
 # The identity map of the initial user namespace: root here is the machine's root, not the
@@ -75,10 +77,60 @@ def cache_dir() -> Path:
 def log_dir() -> Path:
     """The decision log and the escalations log: ``$EXECGATE_HOME/log`` when that variable is
     set, else the XDG state folder (``$XDG_STATE_HOME/execgate``, default
-    ``~/.local/state/execgate``)."""
+    ``~/.local/state/execgate``) -- or, when that folder cannot be created (a read-only home),
+    a private folder named after it under ``$XDG_RUNTIME_DIR`` (else ``/tmp``)."""
+    wanted = wanted_log_dir()
+    return _log_dir(str(wanted), os.environ.get("XDG_RUNTIME_DIR"))
+
+
+def wanted_log_dir() -> Path:
+    """Where the logs go when that folder can be written (see :func:`log_dir`)."""
     if os.environ.get("EXECGATE_HOME"):
         return execgate_home() / "log"
     return _xdg_state_home() / "execgate"
+
+
+def log_dir_moved() -> str | None:
+    """A sentence saying where the logs went instead, when :func:`wanted_log_dir` could not be
+    used; ``None`` when it is used."""
+    used, wanted = log_dir(), wanted_log_dir()
+    return None if used == wanted else f"{wanted} cannot be written; the logs are in {used}"
+
+
+@functools.cache  # one answer per process: the folder written is the one sandboxes protect
+def _log_dir(wanted: str, runtime: str | None) -> Path:
+    if not _read_only_above(Path(wanted)):  # usable, or broken: then its error is the answer
+        return Path(wanted)
+    digest = hashlib.sha256(os.fsencode(wanted)).hexdigest()[:16]
+    return _private_fallback(f"execgate-log-{os.getuid()}-{digest}", runtime) or Path(wanted)
+
+
+def _read_only_above(folder: Path) -> bool:
+    """Whether ``folder`` is missing and cannot be made only because the nearest existing
+    folder above it is not writable for this user (a read-only home)."""
+    for existing in folder.parents:
+        if existing.is_dir():
+            return not folder.exists() and not os.access(existing, os.W_OK | os.X_OK)
+        if os.path.lexists(existing):
+            return False
+    return False
+
+
+def _private_fallback(name: str, runtime: str | None) -> Path | None:
+    """``name`` under ``$XDG_RUNTIME_DIR`` (else ``/tmp``), made now if missing, and used only
+    if it is this user's own 0700 folder (no one else can then add, remove or swap files in
+    it); ``None`` when neither is."""
+    bases = [Path(runtime)] if runtime and os.path.isabs(runtime) else []
+    for folder in (base / name for base in [*bases, Path("/tmp")]):
+        with contextlib.suppress(OSError):  # made by us now, or there already: checked next
+            os.mkdir(folder, 0o700)
+        try:
+            st = os.lstat(folder)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+            return folder
+    return None
 
 
 def _xdg_state_home() -> Path:
@@ -100,18 +152,33 @@ def control_dir() -> Path:
     """Where running servers keep their control sockets and the files that describe them
     (``execgate approvals`` finds servers there). Every sandbox hides this folder, so it is
     kept apart from the session folders: ``$EXECGATE_HOME/control``, or, when a socket path
-    there would not fit in a socket address, a folder named after ``$EXECGATE_HOME`` under
-    ``$XDG_RUNTIME_DIR`` (else ``/tmp``)."""
-    home = hashlib.sha256(os.fsencode(os.path.abspath(execgate_home()))).hexdigest()[:16]
-    name = f"execgate-control-{os.getuid()}-{home}"
-    candidates = [execgate_home() / "control"]
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    there would not fit in a socket address or that folder cannot be created (a read-only
+    home), a folder named after ``$EXECGATE_HOME`` under ``$XDG_RUNTIME_DIR`` (else ``/tmp``)."""
+    return _control_dir(os.path.abspath(execgate_home()), os.environ.get("XDG_RUNTIME_DIR"))
+
+
+@functools.cache  # one answer per process: the folder a server uses is the one sandboxes hide
+def _control_dir(home: str, runtime: str | None) -> Path:
+    digest = hashlib.sha256(os.fsencode(home)).hexdigest()[:16]
+    name = f"execgate-control-{os.getuid()}-{digest}"
+    candidates = [Path(home) / "control"]
     if runtime and os.path.isabs(runtime):
         candidates.append(Path(runtime) / name)
     for folder in candidates:
-        if len(os.fsencode(folder)) + 1 + _CONTROL_NAME_MAX < _SUN_PATH_MAX:
+        if len(os.fsencode(folder)) + 1 + _CONTROL_NAME_MAX < _SUN_PATH_MAX and _can_hold(folder):
             return folder
     return Path("/tmp") / name
+
+
+def _can_hold(folder: Path) -> bool:
+    """Whether ``folder`` exists or this user can create it (its nearest existing ancestor is
+    writable)."""
+    for existing in (folder, *folder.parents):
+        if existing.is_dir():
+            return existing == folder or os.access(existing, os.W_OK | os.X_OK)
+        if os.path.lexists(existing):
+            return False
+    return False
 
 
 def state_paths() -> list[Path]:

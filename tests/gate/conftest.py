@@ -121,6 +121,10 @@ def gate(tmp_path: Path, marker_binary: Path) -> Iterator[Gate]:
         stale.unlink()
     for name in ("marker", "other"):
         shutil.copy(marker_binary, bin_dir / name)
+    # Another program than marker (a copy is judged as the program it copies): one more byte
+    # after the ELF's last section changes nothing it does.
+    with (bin_dir / "other").open("ab") as other:
+        other.write(b"\0")
     env = {
         "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
         "LANG": "C.UTF-8",

@@ -121,7 +121,9 @@ def test_a_bad_log_path_is_refused_at_start_in_one_line(gate: Gate) -> None:
     assert result.returncode == 1
     err = result.stderr.decode()
     assert err == (
-        f"execgate: error: cannot write the decision log {_log(gate)}: Not a directory\n"
+        f"execgate: error: cannot write the decision log {_log(gate)}: Not a directory (move it "
+        "with XDG_STATE_HOME or EXECGATE_HOME, or turn it off in config.toml: [log] enabled = "
+        "false)\n"
     ), err
     assert not gate.ran("marker")
     mcp = _execgate(gate, "mcp", "--rules", str(gate.rules))
@@ -273,3 +275,20 @@ def test_a_malformed_request_is_logged_as_a_fail_closed_refusal(gate: Gate) -> N
     assert refusal["reason"] == "malformed request: payload does not end with a NUL"
     assert isinstance(refusal["pid"], int) and refusal["pid"] > 0
     assert _execgate(gate, "log", "verify").returncode == 0
+
+
+def test_a_sandboxed_process_cannot_touch_the_log_inside_its_workspace(gate: Gate) -> None:
+    home = gate.root / "eg-home"  # the log inside the writable workspace
+    env = {"EXECGATE_HOME": str(home)}
+    gate.run("marker", env=env)
+    log = home / "log" / "decisions.jsonl"
+    before = log.read_bytes()
+    attack = (
+        f"echo '{{}}' >> {log}; : > {log}; rm -f {log}; mv {log} {log}.x; "
+        f"rm -rf {home}/log; echo tried"
+    )
+    result = gate.run(attack, env=env, options=["--sandbox", "workspace-write"])
+    assert b"tried" in result.stdout, result.stderr
+    assert log.read_bytes().startswith(before)  # only execgate appended
+    verified = _execgate(gate, "log", "verify", env=env)
+    assert verified.returncode == 0, verified.stdout

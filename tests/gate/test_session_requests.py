@@ -11,7 +11,7 @@ from execgate.config import Config
 from execgate.gate import protocol
 from execgate.gate.askers import DenyingAsker
 from execgate.gate.livepolicy import GatePolicy, PolicySource
-from execgate.gate.session import EscalationSession
+from execgate.gate.session import EscalationSession, SessionCaller, SessionConfig
 
 
 def _ask(path: Path, token: str, program: str, *argv: str) -> list[bytes]:
@@ -39,7 +39,8 @@ def test_answers_by_policy_and_refuses_foreign_tokens(tmp_path: Path) -> None:
 
     async def main() -> None:
         session = await EscalationSession.open(
-            live=gate.live, escalation=gate.escalation, asker=DenyingAsker("test")
+            SessionConfig(live=gate.live, escalation=gate.escalation),
+            SessionCaller(DenyingAsker("test")),
         )
         try:
             sock = session.socket_path

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from execgate.gate.askers import DenyingAsker
 from execgate.gate.escalation import PolicyEscalation
 from execgate.gate.livepolicy import LivePolicy
-from execgate.gate.session import SessionReserve
+from execgate.gate.session import (
+    EscalationSession,
+    SessionCaller,
+    SessionConfig,
+    SessionReserve,
+)
 from execgate.policy import load_rules_files
 from execgate.sandbox import build_spec
 
@@ -31,20 +37,38 @@ def test_spare_is_reused_only_for_the_same_arguments(tmp_path: Path) -> None:
         )
 
     async def main() -> None:
-        reserve = SessionReserve()
-        common = {"live": live, "escalation": escalation, "base_env": {"PATH": "/usr/bin:/bin"}}
-        first = await reserve.take(sandbox=build_spec("workspace-write", cwd=one), **common)
-        spare = await reserve._spare  # type: ignore[misc]  # opened in the background
-        second = await reserve.take(sandbox=build_spec("workspace-write", cwd=one), **common)
+        def config(where: Path) -> SessionConfig:
+            return SessionConfig(
+                live=live,
+                escalation=escalation,
+                sandbox=build_spec("workspace-write", cwd=where),
+                base_env={"PATH": "/usr/bin:/bin"},
+            )
+
+        caller = SessionCaller(DenyingAsker("test"))
+        async with SessionReserve().running() as reserve:
+            await run(reserve, config, caller)
+
+    async def spare_of(reserve: SessionReserve) -> EscalationSession:
+        assert reserve._spare is not None
+        session = await reserve._spare.result()  # opened in the background
+        assert session is not None
+        return session
+
+    async def run(
+        reserve: SessionReserve, config: Callable[[Path], SessionConfig], caller: SessionCaller
+    ) -> None:
+        first = await reserve.take(config(one), caller)
+        spare = await spare_of(reserve)
+        second = await reserve.take(config(one), caller)
         assert second is spare
         # other arguments: the spare is not handed out, and it is closed
-        spare = await reserve._spare  # type: ignore[misc]
-        third = await reserve.take(sandbox=build_spec("workspace-write", cwd=two), **common)
+        spare = await spare_of(reserve)
+        third = await reserve.take(config(two), caller)
         assert third is not spare
-        await asyncio.gather(*reserve._discarding)
-        assert not spare.dir.exists() and not alive(spare.launcher.pid)
+        while spare.dir.exists() or alive(spare.launcher.pid):  # closed in the background
+            await asyncio.sleep(0.02)
         # a taken session works like an opened one
-        third.asker = DenyingAsker("test")
         devnull = os.open(os.devnull, os.O_RDWR)
         process = await third.start(
             ["/bin/sh", "-c", "exit 3"],
@@ -54,7 +78,7 @@ def test_spare_is_reused_only_for_the_same_arguments(tmp_path: Path) -> None:
         )
         assert os.waitstatus_to_exitcode(await process.wait()) == 3
         os.close(devnull)
-        last_spare = await reserve._spare  # type: ignore[misc]
+        last_spare = await spare_of(reserve)
         for session in (first, second, third):
             await session.aclose()
         await reserve.aclose()

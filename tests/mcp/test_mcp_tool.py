@@ -49,7 +49,14 @@ def test_tools_list_publishes_codex_schema_and_an_output_schema(mcp: Mcp, mode: 
         assert schema["title"] == "ExecParams"
         assert schema["type"] == "object"
         assert schema["required"] == ["command", "workdir"]
-        assert list(schema["properties"]) == ["command", "workdir", "timeout_ms", "login"]
+        # Codex's four, then the permission request arguments
+        assert list(schema["properties"])[:4] == ["command", "workdir", "timeout_ms", "login"]
+        assert set(list(schema["properties"])[4:]) == {
+            "sandbox_permissions",
+            "justification",
+            "additional_permissions",
+            "prefix_rule",
+        }
         for name, expected in CODEX_PROPERTIES.items():
             for key, value in expected.items():
                 assert schema["properties"][name][key] == value, (name, key)

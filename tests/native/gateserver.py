@@ -147,16 +147,20 @@ def encode_snapshot(
     files: list[tuple[int, int]] = (),  # type: ignore[assignment]
     *,
     flags: int = 0,
+    sizes: list[int] = (),  # type: ignore[assignment]
 ) -> bytes:
     """The §6 snapshot format, written independently of the server's encoder."""
     hashes = sorted({fnv1a64(n) for n in names})
     fl = sorted(set(files))
+    sz = sorted(set(sizes))
     names_off = 64
     files_off = names_off + 8 * len(hashes)
-    header = b"EGSNAP1\0" + struct.pack("<IIII", flags, len(hashes), len(fl), 0)
-    header += struct.pack("<QQ", names_off, files_off) + bytes(24)
+    sizes_off = files_off + 16 * len(fl)
+    header = b"EGSNAP1\0" + struct.pack("<IIII", flags, len(hashes), len(fl), len(sz))
+    header += struct.pack("<QQQ", names_off, files_off, sizes_off) + bytes(16)
     body = b"".join(struct.pack("<Q", h) for h in hashes)
     body += b"".join(struct.pack("<QQ", d, i) for d, i in fl)
+    body += b"".join(struct.pack("<Q", s) for s in sz)
     return header + body
 
 

@@ -9,6 +9,9 @@ import subprocess
 
 import pytest
 
+from execgate.gate.content import ContentIndex, RuleFile
+from execgate.gate.snapshot import Snapshot
+
 from .gateserver import encode_snapshot
 from .support import Gate, marker
 
@@ -60,6 +63,33 @@ def test_match_by_each_name(gate: Gate) -> None:
         r = gate.sh(cmd)
         assert r.stdout == b"x\n"
         assert bool(gate.server.requests) == expect, (names, files, cmd)
+
+
+def test_a_program_of_a_listed_size_asks(gate: Gate) -> None:
+    """A copy of a rule-named file has its size: a program of a size in the snapshot asks (the
+    server tells a copy by content), also as a memfd executed by descriptor or by its
+    ``/proc/self/fd`` name; a program of another size does not."""
+    w = gate.work
+    copy = shutil.copy("/bin/echo", w / "copy")
+    size = os.stat(copy).st_size
+    memfd = (
+        "import os, sys\n"
+        "fd = os.memfd_create('copy', 0)\n"
+        "os.write(fd, open('/bin/echo', 'rb').read())\n"
+        "if os.fork() == 0:\n"
+        "    os.execve(f'/proc/self/fd/{fd}', ['echo', 'x'], os.environ)\n"
+        "os.wait()\n"
+        "os.execve(fd, ['echo', 'x'], os.environ)\n"
+    )
+    for sizes, expect in (([size - 1, size + 1], 0), ([1, size], 1)):
+        gate.server.write_snapshot(encode_snapshot([b"unrelated"], [], sizes=sizes))
+        gate.server.clear()
+        assert gate.sh("./copy x").stdout == b"x\n"
+        assert len(gate.server.requests) == expect, sizes
+        gate.server.clear()
+        r = gate.run(["python3", "-c", memfd])
+        assert r.stdout == b"x\nx\n", r.stderr
+        assert len(gate.server.requests) == 2 * expect, (sizes, asked(gate))
 
 
 def test_files_that_the_snapshot_cannot_vouch_for_always_ask(gate: Gate) -> None:
@@ -124,6 +154,11 @@ def _corrupt(good: bytes, how: str) -> bytes:
         b[64:72], b[72:80] = c, a
     elif how == "flags":
         b[8:12] = struct.pack("<I", 2)
+    elif how == "sizes-outside":
+        b[20:24] = struct.pack("<I", 1000)
+    elif how == "sizes-unsorted":
+        a, c = bytes(b[-16:-8]), bytes(b[-8:])
+        b[-16:-8], b[-8:] = c, a
     elif how == "reserved":
         b[50] = 1
     elif how == "short":
@@ -141,6 +176,8 @@ def _corrupt(good: bytes, how: str) -> bytes:
         "names-outside",
         "files-offset",
         "unsorted",
+        "sizes-outside",
+        "sizes-unsorted",
         "flags",
         "reserved",
         "short",
@@ -149,7 +186,7 @@ def _corrupt(good: bytes, how: str) -> bytes:
     ],
 )
 def test_malformed_snapshot_asks(gate: Gate, how: str) -> None:
-    good = encode_snapshot([b"a", b"b", b"c"], [(1, 2)])
+    good = encode_snapshot([b"a", b"b", b"c"], [(1, 2)], sizes=[1, 2])
     if how == "missing":
         gate.server.snap_path.unlink()
     else:
@@ -186,3 +223,20 @@ def test_replaced_snapshot_is_reread(gate: Gate) -> None:
     assert p.wait(60) == 0
     assert asked(gate) == [b"/bin/true"]
     _ = marker
+
+
+def test_the_servers_snapshot_is_the_documented_format() -> None:
+    """The server's encoder and the independent one above agree (else every exec would ask,
+    which no gating test would notice)."""
+    snapshot = Snapshot(
+        names={b"rm", b"git"},
+        files={(3, 4), (1, 2)},
+        contents=ContentIndex(
+            {7: (RuleFile("/a", 1, 2, ("a",)),), 500: (RuleFile("/b", 3, 4, ("b",)),)}
+        ),
+    )
+    expected = encode_snapshot([b"git", b"rm"], [(1, 2), (3, 4)], sizes=[7, 500])
+    assert snapshot.encode() == expected
+    assert snapshot.encode(ask_always=True) == encode_snapshot(
+        [b"git", b"rm"], [(1, 2), (3, 4)], sizes=[7, 500], flags=1
+    )

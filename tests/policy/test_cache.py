@@ -98,7 +98,7 @@ def test_example_failures_are_still_reported_from_the_cache(env: Env, store: Rul
     load_rules_files([first, second], cache=store)  # passes: /usr/bin/git is not /opt/git
     from execgate.policy import PolicyError
 
-    with pytest.raises(PolicyError, match="expected example to not match"):
+    with pytest.raises(PolicyError, match="not_match example `/usr/bin/git x` matches"):
         load_rules_files([second], cache=store)  # same cached entry, different context
 
 

@@ -28,9 +28,10 @@ def load(text: str, name: str = "t.rules") -> PolicyBuilder:
 
 
 def error_of(text: str, name: str = "t.rules") -> str:
+    """The error in Codex's words (what ``execgate check`` prints)."""
     with pytest.raises(PolicyError) as caught:
         load(text, name)
-    return str(caught.value)
+    return caught.value.codex_text
 
 
 def test_starlark_is_the_rust_implementation() -> None:
@@ -234,7 +235,7 @@ def test_examples_see_host_executables_of_earlier_files(env: Env) -> None:
     first = env.write("1.rules", 'host_executable(name = "git", paths = ["/opt/git"])\n')
     second = env.write("2.rules", 'prefix_rule(["git"], not_match = ["/usr/bin/git x"])\n')
     load_rules_files([first, second], cache=False)
-    with pytest.raises(PolicyError, match="expected example to not match"):
+    with pytest.raises(PolicyError, match="not_match example `/usr/bin/git x` matches"):
         load_rules_files([second], cache=False)
 
 

@@ -28,16 +28,21 @@ def rule(program: str, decision: str = "allow") -> str:
 
 
 def layered(env: Env, cwd: Path | None = None, **config: bool) -> list[tuple[str, str]]:
+    """The loaded sources above the built-in default (which is always there: see below)."""
     loaded = load_layered_policy(cwd or env.work, config=Config(**config))
-    return [(s.layer, s.path.name) for s in loaded.sources]
+    return [(s.layer, s.path.name) for s in loaded.sources if s.layer != "default"]
 
 
-def test_default_applies_only_when_no_layer_has_rules(env: Env) -> None:
+def test_default_stays_beside_other_rules_until_turned_off(env: Env) -> None:
     loaded = load_layered_policy(env.work)
     assert [s.layer for s in loaded.sources] == ["default"]
     assert loaded.policy.evaluate(["rm", "-rf", "/"]).decision is Decision.FORBIDDEN
-    env.write(env.execgate_home / "rules" / "mine.rules", rule("make"))
+    # Codex writes a rules file on "don't ask again": the built-in protection stays.
+    env.write(env.codex_home / "rules" / "default.rules", rule("make"))
     loaded = load_layered_policy(env.work)
+    assert [s.layer for s in loaded.sources] == ["default", "user"]
+    assert loaded.policy.evaluate(["rm", "-rf", "/"]).decision is Decision.FORBIDDEN
+    loaded = load_layered_policy(env.work, config=Config(default_policy=False))
     assert [s.layer for s in loaded.sources] == ["user"]
     assert loaded.policy.evaluate(["rm", "-rf", "/"]).decision is None
 
@@ -150,7 +155,9 @@ def test_a_broken_file_stops_loading(env: Env) -> None:
     bad = env.write(env.codex_home / "rules" / "bad.rules", 'prefix_rule(["x"], "maybe")\n')
     with pytest.raises(PolicyError) as caught:
         load_layered_policy(env.work)
-    assert str(caught.value) == f"{bad}:1:1: invalid decision: maybe"
+    assert str(caught.value) == (
+        f"{bad}:1:1: invalid decision: maybe (valid decisions: allow, prompt, forbidden)"
+    )
 
 
 def test_watch_paths_cover_files_and_folders(env: Env) -> None:

@@ -98,7 +98,7 @@ def test_local_requirements_are_applied_last_and_tighten(env: Env) -> None:
     assert evaluation.reason() == "`rm -fr x` rejected: no recursive deletes"
     assert str(evaluation.matches[1].source).endswith("requirements.toml#rules.prefix_rules[0]")
     assert loaded.policy.evaluate(["pnpm", "publish"]).decision is Decision.PROMPT
-    assert [s.layer for s in loaded.sources] == ["user", "requirements"]
+    assert [s.layer for s in loaded.sources] == ["default", "user", "requirements"]
 
 
 def test_codex_requirements_rules_apply_too(env: Env) -> None:

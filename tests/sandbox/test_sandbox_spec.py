@@ -245,6 +245,23 @@ def test_a_kernel_without_support_is_refused_with_what_is_missing_and_how_to_pro
     assert NOTHING.problems(OFF) == []
 
 
+def test_a_kernel_without_a_mount_namespace_cannot_give_the_exec_backstop(tmp_path: Path) -> None:
+    """Every session covers the programs rules name with stand-ins: without a mount namespace a
+    confined session is refused, naming what is missing."""
+    no_mounts = dataclasses.replace(
+        NOTHING, landlock_abi=7, landlock_error=None, seccomp=True, seccomp_arch="x86_64"
+    )
+    assert not no_mounts.exec_backstop
+    spec = dataclasses.replace(
+        build_spec("read-only", cwd=tmp_path), standin_table=tmp_path / "standins.table"
+    )
+    with pytest.raises(ExecgateError) as info:
+        require_support(spec, no_mounts)
+    assert "a private mount namespace for the kernel exec backstop" in str(info.value)
+    assert "Operation not permitted" in str(info.value)
+    assert no_mounts.problems(OFF) == []
+
+
 def test_probe_reports_this_kernel() -> None:
     support = probe()
     assert support.landlock_abi >= 0

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mcp"))
 
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcpharness import Mcp, clean_up, make_world
+from mcpharness import Elicit, Mcp, clean_up, make_world
 
 HERE = Path(__file__).resolve().parent
 CHECKOUT = HERE.parent.parent
@@ -57,8 +57,11 @@ class World:
         return self.run([sys.executable, "-m", "execgate", "approvals", *args])
 
     @contextlib.asynccontextmanager
-    async def client(self, *options: str, rules: bool = True) -> AsyncIterator[Client]:
-        """``execgate mcp [--rules RULES] OPTIONS`` as this world's user, driven by the SDK."""
+    async def client(
+        self, *options: str, rules: bool = True, elicit: Elicit | None = None
+    ) -> AsyncIterator[Client]:
+        """``execgate mcp [--rules RULES] OPTIONS`` as this world's user, driven by the SDK
+        (``elicit`` answers elicitations)."""
         argv = self.argv([sys.executable, *self.mcp.server_args(*options, rules=rules)])
         params = StdioServerParameters(
             command=argv[0], args=argv[1:], env=self.env, cwd=self.mcp.work
@@ -66,7 +69,8 @@ class World:
         log_path = self.mcp.root / f"server-{len(self.mcp.logs)}.log"
         self.mcp.logs.append(log_path)
         with log_path.open("w") as errlog:
-            async with Client(stdio_client(params, errlog=errlog), mode="legacy") as client:
+            transport = stdio_client(params, errlog=errlog)
+            async with Client(transport, mode="legacy", elicitation_callback=elicit) as client:
                 yield client
 
 

@@ -99,7 +99,7 @@ def test_always_answers_write_a_private_rules_file(homes: Homes, tmp_path: Path)
     with umask(0):
         append_allow_rule(target, ["git", "push"])
     assert_private(tmp_path / "new")
-    # The copy of the default policy the first "always" starts from, too.
+    # What an "always" answer records, too.
     second = tmp_path / "second" / "default.rules"
     approvals = UserApprovals(load_layered_policy(tmp_path))  # only the built-in default
     request = SimpleNamespace(prefix=("make",), network=None)  # all that recording reads

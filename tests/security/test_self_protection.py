@@ -77,7 +77,11 @@ class Installed:
     def snapshot(self) -> dict[str, str]:
         """Every file of the installation by digest; links by target."""
         found: dict[str, str] = {}
+        # ~/.local/state is XDG state (execgate's logs), not the installation in ~/.local
+        state = self.prefix / "state"
         for path in sorted(self.prefix.rglob("*")):
+            if path == state or state in path.parents:
+                continue
             if path.is_symlink():
                 found[str(path)] = "-> " + os.readlink(path)
             elif path.is_file():

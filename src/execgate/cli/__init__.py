@@ -10,20 +10,26 @@ from collections.abc import Callable, Sequence
 from importlib import import_module
 
 from execgate import __version__
+from execgate.cli.parser import ExecgateParser
 from execgate.errors import ExecgateError
 
 # Modules under execgate.cli that add commands; each has register(subparsers).
-COMMAND_MODULES = ["check", "rules", "run", "sandbox", "mcp", "approvals", "log"]
+COMMAND_MODULES = ["check", "rules", "run", "sandbox", "mcp", "approvals", "log", "completion"]
 
 Handler = Callable[[argparse.Namespace], int]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ExecgateParser(
         prog="execgate",
         description="Gate every program execution by policy.",
+        examples=[
+            "execgate run -- bash                # a shell whose every exec is gated",
+            "execgate rules explain -- git push  # which rule decides, and why",
+            "execgate COMMAND --help             # each command's options and examples",
+        ],
     )
-    parser.add_argument("--version", action="version", version=f"execgate {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"execgate {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:

@@ -26,15 +26,28 @@ def register(subparsers: Any) -> None:
             "List the commands running `execgate mcp` servers are waiting to have approved, "
             "and allow or deny them by ID."
         ),
+        examples=["execgate approvals", "execgate approvals allow 4242.1 --session"],
     )
     commands = parser.add_subparsers(dest="approvals_command", metavar="ACTION")
     parser.set_defaults(handler=run_list, json=False)  # `execgate approvals` alone: list
 
-    listing = commands.add_parser("list", help="list pending approvals (the default)")
+    listing = commands.add_parser(
+        "list",
+        help="list pending approvals (the default)",
+        description="List the approvals every running `execgate mcp` server of yours waits "
+        "for: the command as judged, its cwd, the rule that asks, and the ID to answer with.",
+        examples=["execgate approvals list", "execgate approvals list --json"],
+    )
     listing.add_argument("--json", action="store_true", help="print JSON (one object)")
     listing.set_defaults(handler=run_list)
 
-    allow = commands.add_parser("allow", help="let a pending command run")
+    allow = commands.add_parser(
+        "allow",
+        help="let a pending command run",
+        description="Allow a pending command once, for the rest of its MCP session, or "
+        "always (an allow rule appended to your rules file).",
+        examples=["execgate approvals allow 4242.1", "execgate approvals allow 1 --always"],
+    )
     allow.add_argument(
         "id", metavar="ID", help="the approval's ID (from `execgate approvals list`)"
     )
@@ -52,7 +65,12 @@ def register(subparsers: Any) -> None:
     allow.add_argument("--reason", metavar="TEXT", help="why (recorded in the server's log)")
     allow.set_defaults(handler=run_allow)
 
-    deny = commands.add_parser("deny", help="refuse a pending command")
+    deny = commands.add_parser(
+        "deny",
+        help="refuse a pending command",
+        description="Refuse a pending command; the reason is shown to the agent.",
+        examples=['execgate approvals deny 4242.1 --reason "not on main"'],
+    )
     deny.add_argument("id", metavar="ID", help="the approval's ID (from `execgate approvals list`)")
     deny.add_argument("--reason", metavar="TEXT", help="why (shown to the agent)")
     deny.set_defaults(handler=run_deny)
@@ -65,8 +83,7 @@ def register(subparsers: Any) -> None:
             'rule line and its file, while it is there) and "for this session/run" answers '
             "(the session), with when and who answered."
         ),
-        epilog="example:\n  execgate approvals grants --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=["execgate approvals grants --json"],
     )
     grants.add_argument("--json", action="store_true", help="print JSON (one object)")
     grants.set_defaults(handler=run_grants)
@@ -79,8 +96,7 @@ def register(subparsers: Any) -> None:
             "removing its rule line from the file (the rest of the file stays byte for byte), a "
             "session grant by telling the running `execgate mcp` server to ask again."
         ),
-        epilog="example:\n  execgate approvals revoke 3f2a9c0b1d",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=["execgate approvals revoke 3f2a9c0b1d"],
     )
     revoke.add_argument("id", metavar="ID", help="the grant's ID")
     revoke.set_defaults(handler=run_revoke)

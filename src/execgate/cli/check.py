@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from execgate.cli.workdir import working_directory
 from execgate.errors import ExecgateError
-from execgate.policy import load_chosen_policy, load_layered_policy
+from execgate.policy import PolicyError, load_chosen_policy, load_layered_policy
 
 
 def register(subparsers: Any) -> None:
@@ -23,6 +24,10 @@ def register(subparsers: Any) -> None:
             "Exit status 0 for any evaluation (even forbidden), 1 when the rules cannot be "
             "loaded, 2 for usage errors."
         ),
+        examples=[
+            "execgate check -- git push origin main",
+            "execgate check -r a.rules -r b.rules --pretty -- rm -rf /tmp/x",
+        ],
     )
     parser.add_argument(
         "-r",
@@ -64,8 +69,12 @@ def command_tokens(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     command = command_tokens(args)
+    cwd = working_directory()
     # Admin requirements apply on top of --rules too (without any, the output is Codex's).
-    loaded = load_chosen_policy(args.rules) if args.rules else load_layered_policy(Path.cwd())
+    try:
+        loaded = load_chosen_policy(args.rules) if args.rules else load_layered_policy(cwd)
+    except PolicyError as exc:  # in Codex's words, as `codex execpolicy check` says it
+        raise ExecgateError(exc.codex_text) from None
     for warning in loaded.warnings:
         print(f"execgate: warning: {warning}", file=sys.stderr)
     if loaded.fail_closed_reason:

@@ -11,13 +11,13 @@ from typing import Any
 
 from execgate.errors import ExecgateError
 
-EXAMPLES = """examples:
-  execgate log --denied --since 1h
-  execgate log --prompts --session 4626c99c --json
-  execgate log --follow --grep git
-  execgate log verify
-  execgate log replay --rules stricter.rules --since 7d
-"""
+EXAMPLES = [
+    "execgate log --denied --since 1h",
+    "execgate log --prompts --session 4626c99c --json",
+    "execgate log --follow --grep git",
+    "execgate log verify",
+    "execgate log replay --rules stricter.rules --since 7d",
+]
 
 
 def _add_filters(parser: argparse.ArgumentParser) -> None:
@@ -37,8 +37,7 @@ def register(subparsers: Any) -> None:
             "prompt), oldest first. The log is $EXECGATE_HOME/log/decisions.jsonl (else "
             "~/.local/state/execgate/decisions.jsonl), hash-chained and rotated by size."
         ),
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     _add_filters(parser)
     parser.add_argument("--json", action="store_true", help="print the records as JSON lines")
@@ -53,8 +52,7 @@ def register(subparsers: Any) -> None:
         help="check the hash chain; name the first broken line",
         description="Check that every line follows the line before it (the hash chain), "
         "across rotated files. Exit status 1 names the first broken line.",
-        epilog="example:\n  execgate log verify",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=["execgate log verify"],
     )
     verify.set_defaults(handler=run_verify)
 
@@ -63,8 +61,7 @@ def register(subparsers: Any) -> None:
         help="what other rules would have decided about past execs",
         description="Decide every logged exec again under the given rules files (and the "
         "admin's requirements) and print what would change, with counts.",
-        epilog="example:\n  execgate log replay --rules ~/new.rules --since 7d",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=["execgate log replay --rules ~/new.rules --since 7d"],
     )
     replay.add_argument(
         "--rules", "-r", action="append", required=True, metavar="FILE", help="rules file"

@@ -11,8 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from execgate import __version__, paths
 from execgate.cli.options import add_gate_arguments
-from execgate.config import load_config
+from execgate.cli.workdir import working_directory
+from execgate.config import check_tools, load_config
 from execgate.decisionlog import open_front_log
 from execgate.errors import ExecgateError
 from execgate.gate import orphans
@@ -36,7 +38,16 @@ def register(subparsers: Any) -> None:
             "starts is decided by policy, and prompts are put to the human through the client "
             "(elicitation) or answered with `execgate approvals`. Logs go to stderr."
         ),
+        examples=[
+            "claude mcp add execgate -- execgate mcp",
+            "uvx execgate mcp --sandbox read-only",
+            "execgate mcp --elicitation never   # answer with `execgate approvals`",
+        ],
     )
+    parser.add_argument(
+        "-V", "--version", action="version", version=f"execgate {__version__}",
+        help="print the version and exit (what an MCP client's config can check)",
+    )  # fmt: skip
     parser.add_argument(
         "--shell",
         metavar="PATH",
@@ -48,6 +59,12 @@ def register(subparsers: Any) -> None:
         action="store_false",
         help="when a call does not say `login`, run `bash -c` instead of `bash -lc` "
         "(skips the profile scripts)",
+    )
+    parser.add_argument(
+        "--tools",
+        metavar="LIST",
+        help="the tools to offer, comma-separated: shell, exec_command, write_stdin (unified "
+        "= both of the last two; default: tools in config.toml, else shell)",
     )
     add_gate_arguments(parser, asks="the human")
     parser.add_argument(
@@ -114,6 +131,10 @@ def _configure_logging(args: argparse.Namespace) -> None:
     root.setLevel(logging.WARNING)
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.getLogger("execgate").setLevel(level)
+    # One line per escalation goes to the escalations log; on stderr it would flood the
+    # client's log (a loop escalates thousands of times): there only with -v, and each tool
+    # call's summary line counts them.
+    logging.getLogger("execgate.escalations").propagate = bool(args.verbose)
 
 
 def run_mcp(args: argparse.Namespace) -> int:
@@ -122,7 +143,7 @@ def run_mcp(args: argparse.Namespace) -> int:
     _configure_logging(args)
     orphans.adopt_orphans()  # what a killed launcher leaves behind is ours to kill
     config = load_config()
-    cwd = Path.cwd()
+    cwd = working_directory()
     approval_timeout = (
         args.approval_timeout if args.approval_timeout is not None else config.approval_timeout
     )
@@ -152,6 +173,9 @@ def run_mcp(args: argparse.Namespace) -> int:
     ).writable_roots
     require_support(sandbox)  # a profile this kernel cannot enforce: say so now
     decisions = open_front_log("mcp", config, audit=args.audit)
+    moved = paths.log_dir_moved()
+    if moved:
+        logging.getLogger("execgate.mcp").warning("%s", moved)
     options = McpOptions(
         shell=_shell(args.shell),
         sandbox=sandbox,
@@ -166,6 +190,9 @@ def run_mcp(args: argparse.Namespace) -> int:
         elicitation=args.elicitation,
         reload_interval=args.reload_interval,
         cwd=cwd,
+        tools=config.tools
+        if args.tools is None
+        else check_tools(tuple(n.strip() for n in args.tools.split(",") if n.strip()), "--tools"),
     )
     asyncio.run(serve(options))
     return 0

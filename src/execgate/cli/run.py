@@ -4,23 +4,37 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
+
+from execgate import paths
 from execgate.cli.options import add_gate_arguments
+from execgate.cli.workdir import working_directory
 from execgate.config import load_config
 from execgate.decisionlog import open_front_log
 from execgate.errors import ExecgateError
 from execgate.gate import orphans
 from execgate.gate.askers import DenyingAsker, TerminalAsker
 from execgate.gate.escalation import Asker
-from execgate.gate.livepolicy import GatePolicy, PolicySource
+from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
 from execgate.gate.network import NetworkSettings, default_for
-from execgate.gate.session import EscalationSession, SessionDenied, log_escalations
+from execgate.gate.reload import Loaded, PolicyReloader
+from execgate.gate.session import (
+    EscalationSession,
+    SessionCaller,
+    SessionConfig,
+    SessionDenied,
+    log_escalations,
+)
+from execgate.gate.skills import skill_scripts
 from execgate.sandbox import add_sandbox_arguments, sandbox_from_args
+from execgate.visible import VisibleFormatter
 
 
 def register(subparsers: Any) -> None:
@@ -29,8 +43,14 @@ def register(subparsers: Any) -> None:
         help="run a command with every program execution gated by policy",
         description=(
             "Run CMD in this terminal. Every program that CMD, or anything it starts, tries "
-            "to execute is decided by policy first; prompts appear on the terminal."
+            "to execute is decided by policy first; prompts appear on the terminal. Changed "
+            "rules files are reloaded during the run."
         ),
+        examples=[
+            "execgate run -- bash",
+            "execgate run --sandbox workspace-write -- make test",
+            "execgate run --on-prompt deny --audit audit.jsonl -- ./ci.sh",
+        ],
     )
     add_gate_arguments(parser, asks="on the terminal")
     add_sandbox_arguments(parser, default_mode="off")
@@ -44,6 +64,7 @@ def run_command(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise ExecgateError("no command given: execgate run [OPTIONS] -- CMD...", exit_status=2)
+    working_directory()  # a deleted one: say so before anything starts
     orphans.adopt_orphans()  # what a killed launcher leaves behind is ours to kill
     status = asyncio.run(_run(args, command))
     code = os.waitstatus_to_exitcode(status)
@@ -57,8 +78,9 @@ def run_command(args: argparse.Namespace) -> int:
 
 async def _run(args: argparse.Namespace, command: list[str]) -> int:
     config = load_config()
-    cwd = os.getcwd()
-    load = PolicySource(tuple(args.rules or ()), Path(cwd), config).load()
+    cwd = str(working_directory())
+    source = PolicySource(tuple(args.rules or ()), Path(cwd), config)
+    load = source.load()
     for warning in load.warnings:
         print(f"execgate: warning: {warning}", file=sys.stderr)
     gate = GatePolicy(
@@ -66,6 +88,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
         search_path=os.environ.get("PATH", os.defpath),
         ask_always=args.audit is not None,
         on_prompt_deny=args.on_prompt == "deny",
+        skills=skill_scripts(config),
     )
     asker: Asker
     if args.on_prompt == "deny":
@@ -91,41 +114,71 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
     # command; we outlive them to clean up. SIGTERM/SIGHUP end the whole session.
     for signum in (signal.SIGINT, signal.SIGQUIT):
         loop.add_signal_handler(signum, lambda: None)
-    ended = asyncio.Event()
+    # SIGTERM/SIGHUP cancel the wait for the command (then the session is closed).
+    waiting = anyio.CancelScope()
     for signum in (signal.SIGTERM, signal.SIGHUP):
-        loop.add_signal_handler(signum, ended.set)
+        loop.add_signal_handler(signum, waiting.cancel)
+    reloader = _reloader(source, gate, load)
     decisions = open_front_log("run", config, audit=args.audit)
+    moved = paths.log_dir_moved()
+    if moved:
+        print(f"execgate: warning: {moved}", file=sys.stderr)
     log_escalations()
     session = await EscalationSession.open(
-        live=gate.live,
-        escalation=gate.escalation,
-        asker=gate.approvals.recording(asker),
-        sandbox=sandbox,
-        gate_escalated=config.gate_escalated,
-        clean_escalated_env=config.clean_escalated_env,
-        approval_timeout=config.approval_timeout,
-        decisions=decisions,
-        network=network,
+        SessionConfig(
+            live=gate.live,
+            escalation=gate.escalation,
+            sandbox=sandbox,
+            gate_escalated=config.gate_escalated,
+            clean_escalated_env=config.clean_escalated_env,
+            approval_timeout=config.approval_timeout,
+            network=network,
+        ),
+        SessionCaller(gate.approvals.recording(asker), decisions=decisions),
     )
     try:
-        try:
-            process = await session.start(
-                command, cwd=cwd, env=os.environ, stdio={0: 0, 1: 1, 2: 2}
-            )
-        except SessionDenied as denied:
-            print(denied.message, file=sys.stderr)
-            return 126 << 8
-        waiting = asyncio.ensure_future(process.wait())
-        stopping = asyncio.ensure_future(ended.wait())
-        await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if waiting.done():
-            stopping.cancel()
-            return waiting.result()
-        waiting.cancel()
-        return signal.SIGTERM  # a wait status: killed by SIGTERM
+        async with reloader.watching():
+            return await _wait(session, command, cwd, waiting)
     finally:
         await session.aclose()
         decisions.close()
+
+
+def _reloader(
+    source: PolicySource, gate: GatePolicy, first: PolicyLoad
+) -> PolicyReloader[PolicyLoad]:
+    """Changed rules files are reloaded during the run (as ``execgate mcp`` does); an edit
+    that does not load keeps the previous rules, and the terminal is told why."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(VisibleFormatter("execgate: %(message)s"))
+    logger = logging.getLogger("execgate.reload")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+    def load() -> Loaded[PolicyLoad]:
+        fresh = source.load()
+        for warning in fresh.warnings:
+            logger.warning("warning: %s", warning)
+        return Loaded(fresh, fresh.watch_paths)
+
+    return PolicyReloader(load, lambda loaded: gate.apply(loaded.value), first.watch_paths)
+
+
+async def _wait(
+    session: EscalationSession, command: list[str], cwd: str, waiting: anyio.CancelScope
+) -> int:
+    """Start ``command`` in ``session``; its wait status (or SIGTERM's, when ``waiting`` is
+    cancelled by SIGTERM/SIGHUP)."""
+    try:
+        process = await session.start(command, cwd=cwd, env=os.environ, stdio={0: 0, 1: 1, 2: 2})
+    except SessionDenied as denied:
+        print(denied.message, file=sys.stderr)
+        return 126 << 8
+    status: int = signal.SIGTERM  # a wait status: killed by SIGTERM, unless it exits
+    with waiting:
+        status = await process.wait()
+    return status
 
 
 def _has_terminal() -> bool:

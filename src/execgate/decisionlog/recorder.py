@@ -226,6 +226,9 @@ def open_decision_log(
         try:
             chain = ChainedFile(path, max_bytes=max_bytes, keep=keep)
         except LogPathError as exc:
-            raise ExecgateError(str(exc)) from None
+            raise ExecgateError(
+                f"{exc} (move it with XDG_STATE_HOME or EXECGATE_HOME, or turn it off in "
+                "config.toml: [log] enabled = false)"
+            ) from None
     copy = AuditCopy(audit) if audit is not None else None
     return DecisionLog(front, chain=chain, audit=copy, export=export)

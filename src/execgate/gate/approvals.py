@@ -9,16 +9,12 @@ requirements) are never pre-approved and never offer "always".
 
 from __future__ import annotations
 
-import contextlib
-import os
 from pathlib import Path
 
 from execgate import paths
-from execgate.files import make_private_dir, open_private
 from execgate.gate.escalation import Answer, Approval, ApprovalRequest, Asker, Judgement
 from execgate.policy import Decision, LoadedPolicy, NetworkRule, RuleMatch, append_allow_rule
 from execgate.policy.amend import append_network_allow_rule
-from execgate.policy.layers import default_rules_text
 from execgate.policy.network import NetworkJudgement
 
 ADMIN_LAYERS = frozenset({"system", "requirements"})
@@ -28,9 +24,6 @@ class UserApprovals:
     def __init__(self, loaded: LoadedPolicy | None) -> None:
         self._layers = {str(s.path): s.layer for s in loaded.sources} if loaded else {}
         self._enabled = loaded is not None
-        self._defaults_active = (
-            any(s.layer == "default" for s in loaded.sources) if loaded else False
-        )
 
     @classmethod
     def none(cls) -> UserApprovals:
@@ -90,18 +83,9 @@ class UserApprovals:
         return self._layers.get(rule.source.path) if rule.source else None
 
     def record(self, request: ApprovalRequest, path: Path | None = None) -> None:
-        """Append the approved prefix as an allow rule to the user's rules file.
-
-        While the built-in default policy is in force (no rules of the user's own yet), the
-        first rule written would switch it off, so the file starts as a copy of the default.
-        """
+        """Append the approved prefix (a connection's host: a network rule) as an allow rule to
+        the user's rules file (the built-in default policy stays in force beside it)."""
         path = path or paths.user_default_rules_file()
-        if self._defaults_active:
-            make_private_dir(path.parent)
-            with contextlib.suppress(FileExistsError):
-                fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write(default_rules_text())
         if request.network is not None:
             append_network_allow_rule(path, request.network.host, request.network.protocol)
         else:

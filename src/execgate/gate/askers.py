@@ -11,7 +11,9 @@ import os
 import signal
 import termios
 from pathlib import Path
+from typing import Any
 
+from execgate import paths
 from execgate.gate.escalation import (
     Answer,
     Approval,
@@ -21,6 +23,8 @@ from execgate.gate.escalation import (
     rule_location,
 )
 from execgate.gate.program import GatedExec, parent_chain
+from execgate.policy import PolicyError
+from execgate.policy.amend import allow_rule_line, network_allow_line
 from execgate.visible import command_line, quote_word, visible
 
 _CHOICES = {
@@ -33,6 +37,7 @@ _CHOICES = {
     "d": Answer.DENY,
     "deny": Answer.DENY,
     "n": Answer.DENY,
+    "no": Answer.DENY,
     "": Answer.DENY,
 }
 
@@ -61,6 +66,8 @@ def describe(request: ApprovalRequest) -> list[str]:
         f"execgate: `{exec_.display_judged()}` requires approval"
         + (f": {visible(justification, 1000)}" if justification else "")
     ]
+    if request.purpose:  # a permission request: the purpose says what, and why
+        lines = [f"execgate: {request.purpose}"]
     if exec_.argv0_differs():
         lines.append(f"  argv[0]: {quote_word(exec_.argv[0])} (the name the caller gave it)")
     if exec_.realpath and exec_.path != exec_.realpath:
@@ -120,22 +127,81 @@ class TerminalAsker:
 
     async def _ask_on(self, fd: int, request: ApprovalRequest) -> Approval:
         previous = _take_foreground(fd)
+        saved = _interrupt_ends_the_line(fd)
         try:
             termios.tcflush(fd, termios.TCIFLUSH)  # typed-ahead input is not an answer
             always = ", [a]lways" if request.offer_always else ""
-            text = "\n".join(describe(request))
+            lines = describe(request)
+            if request.offer_always:
+                lines.append(f"  always:  {always_note(request)}")
             question = f"Allow? [o]nce, for this [r]un{always}, [d]eny (default deny): "
-            os.write(fd, f"\n{text}\n{question}".encode())
-            line = await _read_line(fd)
+            os.write(fd, ("\n" + "\n".join(lines) + "\n" + question).encode())
+            while True:
+                line = await _read_line(fd)
+                if line is None:
+                    return no_one_to_ask(request, "the terminal closed")
+                if line.endswith(_INTERRUPT):  # Ctrl-C: an answer, and the safe one
+                    os.write(fd, b"^C\ndenied (Ctrl-C)\n")
+                    return Approval(Answer.DENY, reason="declined at the terminal (Ctrl-C)",
+                                    by="terminal")  # fmt: skip
+                answer = _CHOICES.get(line.strip().lower())
+                if answer == Answer.ALLOW_ALWAYS and not request.offer_always:
+                    answer = None
+                if answer is not None:
+                    break
+                choices = "o, r" + (", a" if request.offer_always else "") + " or d"
+                shown = visible(line.strip(), 40)
+                os.write(fd, f"`{shown}` is not an answer; type {choices}: ".encode())
         finally:
+            _restore(fd, saved)
             _give_back_foreground(fd, previous)
-        if line is None:
-            return no_one_to_ask(request, "the terminal closed")
-        answer = _CHOICES.get(line.strip().lower())
-        if answer is None or (answer == Answer.ALLOW_ALWAYS and not request.offer_always):
-            answer = Answer.DENY
+        if answer == Answer.ALLOW_ALWAYS:
+            os.write(fd, f"execgate: {always_note(request, done=True)}\n".encode())
         reason = None if answer != Answer.DENY else "declined at the terminal"
         return Approval(answer, reason=reason, by="terminal")
+
+
+def always_note(request: ApprovalRequest, *, done: bool = False) -> str:
+    """The exact line an "always" answer appends, and the file it goes to."""
+    net = request.network
+    try:
+        line = (
+            network_allow_line(net.host, net.protocol)
+            if net is not None
+            else allow_rule_line(request.prefix)
+        )
+        rule = visible(line, 2000)
+    except PolicyError:
+        rule = "(no allow rule can name this prefix)"
+    target = quote_word(str(paths.user_default_rules_file()))
+    return f"{'appended' if done else 'appends'} {rule} to {target}"
+
+
+_INTERRUPT = "\x03"
+
+
+def _interrupt_ends_the_line(fd: int) -> list[Any] | None:
+    """While the question is open, Ctrl-C is an answer, not a signal: the terminal delivers
+    it as the end of a line (``VEOL``) instead of interrupting. Returns the settings to
+    restore (``None``: not a terminal we can set)."""
+    try:
+        saved = termios.tcgetattr(fd)
+    except termios.error:
+        return None
+    changed = [*saved[:6], list(saved[6])]
+    changed[3] = changed[3] & ~termios.ISIG
+    changed[6][termios.VEOL] = _INTERRUPT.encode()
+    try:
+        termios.tcsetattr(fd, termios.TCSANOW, changed)
+    except termios.error:
+        return None
+    return saved
+
+
+def _restore(fd: int, saved: list[Any] | None) -> None:
+    if saved is not None:
+        with contextlib.suppress(termios.error):
+            termios.tcsetattr(fd, termios.TCSANOW, saved)
 
 
 async def _read_line(fd: int) -> str | None:
@@ -144,7 +210,7 @@ async def _read_line(fd: int) -> str | None:
     os.set_blocking(fd, False)
     data = bytearray()
     try:
-        while not data.endswith(b"\n"):
+        while not data.endswith((b"\n", _INTERRUPT.encode())):
             waiter = loop.create_future()
             loop.add_reader(fd, waiter.set_result, None)
             try:

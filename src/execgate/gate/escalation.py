@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
+from execgate.gate.content import NO_CONTENTS, ContentError, ContentIndex
 from execgate.gate.identity import FileId, files_named_by
-from execgate.gate.program import GatedExec, commands_to_judge, is_loader, loader_loads_an_auditor
-from execgate.policy import Decision, Evaluation, Policy, RuleMatch
+from execgate.gate.program import GatedExec, commands_to_judge, loader_loads_an_auditor
+from execgate.policy import Decision, Evaluation, Policy, PolicyError, RuleMatch
+from execgate.policy.amend import allow_rule_line
 from execgate.visible import visible
 
 
@@ -68,10 +70,14 @@ def rule_location(match: RuleMatch) -> str:
 
 
 def judge(
-    policy: Policy, exec_: GatedExec, aliases: dict[tuple[int, int], tuple[str, ...]]
+    policy: Policy,
+    exec_: GatedExec,
+    aliases: dict[tuple[int, int], tuple[str, ...]],
+    contents: ContentIndex = NO_CONTENTS,
 ) -> Judgement:
+    """``ContentError`` when the loader's target cannot be compared with rule-named files."""
     best = Judgement(decision=None, command=[exec_.path, *exec_.argv[1:]], evaluation=None)
-    for command, file in commands_to_judge(exec_, aliases=aliases):
+    for command, file in commands_to_judge(exec_, aliases=aliases, contents=contents):
         evaluation = policy.evaluate(command, cwd=exec_.cwd, resolve_host_executables=True)
         if evaluation.decision is not None and (
             best.decision is None or evaluation.decision > best.decision
@@ -122,10 +128,14 @@ class JudgementCache:
         self._entries: dict[tuple[object, ...], Judgement] = {}
 
     def judge(
-        self, policy: Policy, exec_: GatedExec, aliases: dict[tuple[int, int], tuple[str, ...]]
+        self,
+        policy: Policy,
+        exec_: GatedExec,
+        aliases: dict[tuple[int, int], tuple[str, ...]],
+        contents: ContentIndex,
     ) -> Judgement:
-        if exec_.interpreters or is_loader(exec_.realpath or exec_.path):
-            return judge(policy, exec_, aliases)
+        if exec_.interpreters or exec_.runs_loader:
+            return judge(policy, exec_, aliases, contents)
         if (
             policy is not self._policy
             or aliases is not self._aliases
@@ -133,7 +143,15 @@ class JudgementCache:
         ):
             self._entries.clear()
             self._policy, self._aliases = policy, aliases
-        key = (exec_.path, exec_.realpath, exec_.dev, exec_.ino, exec_.cwd, exec_.argv)
+        key = (
+            exec_.path,
+            exec_.realpath,
+            exec_.dev,
+            exec_.ino,
+            exec_.content_names,
+            exec_.cwd,
+            exec_.argv,
+        )
         found = self._entries.get(key)
         if found is None:
             found = self._entries[key] = judge(policy, exec_, aliases)
@@ -166,7 +184,12 @@ class ApprovalRequest:
     # The prefix an "allow for this session" / "always" answer would approve.
     prefix: tuple[str, ...]
     offer_always: bool
+    # Set for a connection through the session's proxy: what it is to (not an exec's).
     network: NetworkTarget | None = None
+    # Set for a request that is not an exec's (an MCP permission request): what is asked.
+    purpose: str = ""
+    # A skill script's canonical path: it always asks; "for this session" approves that path.
+    skill_script: str = ""
 
     def summary(self) -> str:
         if self.network is not None:
@@ -246,12 +269,17 @@ class PolicyEscalation:
         policy: Callable[[], Policy],
         *,
         aliases: Callable[[], dict[tuple[int, int], tuple[str, ...]]] = dict,
+        contents: Callable[[], ContentIndex] = lambda: NO_CONTENTS,
         user_approves: Callable[[Judgement], bool] = lambda _: False,
         can_record_always: Callable[[Judgement], bool] = lambda _: True,
         on_prompt_deny: bool = False,
+        skill_script: Callable[[GatedExec], str | None] = lambda _: None,
     ) -> None:
         self._policy = policy
+        self._skill_script = skill_script
+        self.approved_skill_scripts: set[str] = set()
         self._aliases = aliases
+        self._contents = contents
         self._user_approves = user_approves
         self._can_record_always = can_record_always
         self._on_prompt_deny = on_prompt_deny
@@ -283,9 +311,19 @@ class PolicyEscalation:
         return Action(verdict, why_not or leaving, judgement=judgement, granted=granted)
 
     def decide(self, exec_: GatedExec, *, confined: bool) -> Action:
-        judgement = self._judgements.judge(self._policy(), exec_, self._aliases())
+        try:
+            judgement = self._judgements.judge(
+                self._policy(), exec_, self._aliases(), self._contents()
+            )
+        except ContentError as exc:
+            return Action(
+                Verdict.DENY, f"the loaded program cannot be told from a program rules name: {exc}"
+            )
         if loader_loads_an_auditor(exec_):
             return Action(Verdict.DENY, "the loader's --audit library could remove the exec gate")
+        script = self._skill_script(exec_)
+        if script is not None:
+            return self._skill(exec_, script)
         if judgement.decision is None:
             # Runs in place: inside the sandbox no-new-privs makes the kernel ignore set-id
             # bits and capabilities; outside (sandbox off, escalated callers) it would not.
@@ -320,17 +358,42 @@ class PolicyEscalation:
             offer_always=self._can_record_always(judgement),
         )
         if self._on_prompt_deny:
+            denial = no_one_to_ask(request, "prompts are set to deny (--on-prompt deny)")
+            return Action(Verdict.DENY, denial.reason or "", judgement=judgement)
+        return Action(Verdict.ASK, approval=request, judgement=judgement)
+
+    def _skill(self, exec_: GatedExec, script: str) -> Action:
+        """A skill script: whatever the rules say, a human decides (it runs in place)."""
+        if script in self.approved_skill_scripts:
+            return Action(Verdict.RUN, f"skill script {script}, approved for this session")
+        request = ApprovalRequest(
+            id=f"{next(_ids)}",
+            exec=exec_,
+            judgement=Judgement(Decision.PROMPT, [script, *exec_.argv[1:]], None),
+            prefix=(script,),
+            offer_always=False,
+            purpose=f"skill script `{visible(script, 500)}` wants to run (skill scripts "
+            "always ask)",
+            skill_script=script,
+        )
+        if self._on_prompt_deny:
             return Action(
                 Verdict.DENY,
-                _needs_approval(request, "prompts are set to deny"),
-                judgement=judgement,
+                f"skill script {script} needs a human's approval; prompts are set to deny "
+                "(--on-prompt deny)",
             )
-        return Action(Verdict.ASK, approval=request, judgement=judgement)
+        return Action(Verdict.ASK, approval=request, judgement=request.judgement)
 
     def resolve(self, request: ApprovalRequest, approval: Approval, *, confined: bool) -> Action:
         if approval.answer == Answer.DENY:
             reason = approval.reason or "declined by the user"
             return Action(Verdict.DENY, reason, judgement=request.judgement)
+        if request.skill_script:
+            if approval.answer != Answer.ALLOW_ONCE:
+                self.approved_skill_scripts.add(request.skill_script)
+            return Action(
+                Verdict.RUN, f"skill script approved by {approval.by}", judgement=request.judgement
+            )
         if approval.answer in (Answer.ALLOW_SESSION, Answer.ALLOW_ALWAYS):
             self.approvals.prefixes.update(
                 tuple(m.matched_prefix) for m in request.judgement.deciding_matches()
@@ -371,12 +434,14 @@ def no_one_to_ask(request: ApprovalRequest, why: str) -> Approval:
             ),
             by="execgate",
         )
-    pattern = ", ".join(f'"{t}"' for t in request.prefix)
+    try:  # the very line an "always" answer would write
+        rule = allow_rule_line(request.prefix)
+    except PolicyError:  # a prefix no allow rule can name (an empty token)
+        rule = "an allow rule for its prefix"
     return Approval(
         Answer.DENY,
         reason=(
-            f"{_needs_approval(request, why)}; to allow it, add "
-            f'prefix_rule(pattern=[{pattern}], decision="allow") to your rules '
+            f"{_needs_approval(request, why)}; to allow it, add {rule} to your rules "
             "(execgate rules explain shows the rule that asks)"
         ),
         by="execgate",

@@ -10,7 +10,6 @@ every change made before that exec, whatever the timing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -32,7 +31,8 @@ _MASK = (
 
 log = logging.getLogger("execgate.gate")
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+# The process's own libc: find_library("c") would run `ldconfig -p` at every start-up.
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.inotify_init1.argtypes = [ctypes.c_int]
 _libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
 

@@ -5,8 +5,9 @@ claims, which may add rule matches but never decide what runs. What runs is the 
 attached to its request: the program, then for a ``#!`` script each interpreter in turn. This
 module checks those descriptors and reads everything policy needs from them: the canonical path
 (the ``/proc/self/fd`` link), the identity ``(dev, ino)`` and the ``#!`` line, from the very
-file that will be executed. It also says which files a rule's program token names, so an
-escalation happens only when the rule names the file that runs.
+file that will be executed, and, for a file of a rule-named file's size, which rule-named
+program it is a copy of (gate/content.py). It also says which files a rule's program token
+names, so an escalation happens only when the rule names the file that runs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from execgate.gate.content import NO_CONTENTS, ContentError, ContentIndex
 from execgate.gate.protocol import MAX_INTERPRETERS
 from execgate.policy.evaluate import resolve_program_path
 
@@ -45,6 +47,8 @@ class ExecFile:
     ino: int
     shebang: tuple[str, str] | None  # (interpreter, argument) when the file is a #! script
     leaves_gate: str | None = None  # why running it would leave the gate (set-id, capabilities)
+    # the rule names of the rule-named file(s) whose content it has (itself included)
+    content_names: tuple[str, ...] = ()
 
     @property
     def id(self) -> FileId:
@@ -124,9 +128,9 @@ def _read_head(fd: int) -> bytes | None:
         os.close(again)
 
 
-def exec_file(fd: int) -> ExecFile:
+def exec_file(fd: int, contents: ContentIndex = NO_CONTENTS) -> ExecFile:
     """Inspect one descriptor a client attached; :class:`IdentityError` unless it is an
-    executable regular file."""
+    executable regular file whose content ``contents`` can tell apart."""
     try:
         st = os.fstat(fd)
     except OSError as exc:
@@ -142,12 +146,19 @@ def exec_file(fd: int) -> ExecFile:
     head = _read_head(fd)
     parsed = parse_shebang(head) if head is not None else None
     shebang = None if parsed is None else (os.fsdecode(parsed[0]), os.fsdecode(parsed[1]))
+    try:
+        content_names = contents.names_of(fd, st)
+    except ContentError as exc:
+        raise IdentityError(
+            f"the program cannot be told from a program rules name: {exc}"
+        ) from None
     return ExecFile(
         realpath=realpath,
         dev=st.st_dev,
         ino=st.st_ino,
         shebang=shebang,
         leaves_gate=_why_it_leaves_the_gate(fd, st),
+        content_names=content_names,
     )
 
 
@@ -170,8 +181,14 @@ def _why_it_leaves_the_gate(fd: int, st: os.stat_result) -> str | None:
         return f"a set-uid program (runs as {_owner(st, group=False)})"
     if st.st_mode & stat.S_ISGID and st.st_mode & stat.S_IXGRP:
         return f"a set-gid program (runs with group {_owner(st, group=True)})"
-    try:  # an O_PATH descriptor has no xattr calls: read them through its /proc link
-        os.getxattr(f"/proc/self/fd/{fd}", "security.capability")
+    try:
+        try:
+            os.getxattr(fd, "security.capability")
+        except OSError as exc:
+            if exc.errno != errno.EBADF:
+                raise
+            # An O_PATH descriptor has no xattr calls: read them through its /proc link.
+            os.getxattr(f"/proc/self/fd/{fd}", "security.capability")
     except OSError as exc:
         if exc.errno not in (errno.ENODATA, errno.ENOTSUP):
             return f"its file capabilities cannot be read ({exc.strerror})"
@@ -180,7 +197,9 @@ def _why_it_leaves_the_gate(fd: int, st: os.stat_result) -> str | None:
 
 
 def inspect_descriptors(
-    fds: Sequence[int], claimed: Sequence[tuple[bytes, bytes]]
+    fds: Sequence[int],
+    claimed: Sequence[tuple[bytes, bytes]],
+    contents: ContentIndex = NO_CONTENTS,
 ) -> tuple[ExecFile, tuple[Interpreter, ...]]:
     """The program and its interpreter chain from the request's descriptors.
 
@@ -193,7 +212,7 @@ def inspect_descriptors(
         raise IdentityError("the request carries no program descriptor")
     if len(fds) != len(claimed) + 1:
         raise IdentityError("the request's descriptors do not match its interpreters")
-    files = [exec_file(fd) for fd in fds]
+    files = [exec_file(fd, contents) for fd in fds]
     interpreters: list[Interpreter] = []
     for level, (script, file) in enumerate(itertools.pairwise(files)):
         name, arg = claimed[level]
@@ -235,7 +254,9 @@ def files_named_by(
     return found
 
 
-def describe_path(path: str, cwd: str) -> tuple[ExecFile, tuple[Interpreter, ...]]:
+def describe_path(
+    path: str, cwd: str, contents: ContentIndex = NO_CONTENTS
+) -> tuple[ExecFile, tuple[Interpreter, ...]]:
     """The program at ``path`` and its ``#!`` chain, opened by the server itself (for the
     session's own command, which execgate starts). OSError when a file cannot be opened."""
     files: list[ExecFile] = []
@@ -244,9 +265,9 @@ def describe_path(path: str, cwd: str) -> tuple[ExecFile, tuple[Interpreter, ...
     while True:
         fd = os.open(posixpath.join(cwd, target), os.O_PATH | os.O_CLOEXEC)
         try:
-            file = exec_file(fd)
+            file = exec_file(fd, contents)
         except IdentityError as exc:
-            raise OSError(13, str(exc)) from None
+            raise OSError(13, f"Permission denied ({exc})") from None
         finally:
             os.close(fd)
         files.append(file)

@@ -190,6 +190,7 @@ class Launcher:
         new_session: bool,
         stderr: int | None = None,
         claim_path: Path | None = None,
+        terminal: int | None = None,
         proxy_report: int | None = None,
     ) -> Launcher:
         """Start a launcher whose ``sandboxed`` spawns are confined by ``sandbox``.
@@ -200,9 +201,13 @@ class Launcher:
         ``stderr``: where the launcher's own diagnostics go (default: inherited).
         ``claim_path``: where the launcher listens for escalation claims (§4), a socket created
         here, mode 0600, in a folder only we can write to; without it nothing can be claimed.
+        ``terminal``: a terminal (a PTY's follower side) the launcher makes its controlling
+        terminal (needs ``new_session``); a main spawn with ``pgid=0`` then gets it.
         ``proxy_report``: for a sandbox with ``network_proxy``, the socket over which each
         confined child sends the listener of its network namespace (native/netns.h).
         """
+        if terminal is not None and not new_session:
+            raise ValueError("a launcher takes a terminal only in a process session of its own")
         if sandbox is not None:
             if sandbox.strict_exec:  # the gate's own wrapper must stay executable
                 gate = [native_path(WRAPPER), native_path(INTERPOSER)]
@@ -217,6 +222,9 @@ class Launcher:
             if claims is not None:
                 args += ["--claim-fd", str(claims.fileno())]
                 passed.append(claims.fileno())
+            if terminal is not None:
+                args += ["--terminal", str(terminal)]
+                passed.append(terminal)
             if sandbox is not None:
                 args += sandbox.launcher_args()
             if proxy_report is not None:
@@ -318,6 +326,7 @@ class Launcher:
         cwd: bytes,
         env: EnvRules,
         lifetime: float = TICKET_LIFETIME,
+        confined: bool = False,
     ) -> asyncio.Future[None]:
         """Let ``ticket`` be claimed once, within ``lifetime`` seconds, by a claimer presenting
         ``token``: the launcher then executes the descriptor ``program`` (the file that was
@@ -329,6 +338,7 @@ class Launcher:
         once (the usual case), so an answer sent to the client after this call cannot overtake
         it. Otherwise the caller must await it before handing out the ticket. ``display``: the
         command in the launcher's messages (``execgate: cannot run DISPLAY: …``).
+        ``confined``: the claim runs the program inside the sandbox (``authorize-confined``).
         """
         if not self.running:
             raise LauncherError("the session launcher is not running")
@@ -341,6 +351,7 @@ class Launcher:
             cwd=cwd,
             argv=argv,
             env=env,
+            confined=confined,
         )
         return self._enqueue(frame, [program], borrowed=True)
 
@@ -537,8 +548,12 @@ class Launcher:
             self._process.kill()
             await self._exit
         # What a launcher that was killed under the session left behind (then adopted by
-        # this process, if it is a subreaper) dies with the session.
-        await orphans.kill_adopted()
+        # this process, if it is a subreaper) dies with the session. A launcher that exited
+        # 0 reaped its whole tree (its subreaper's loop ends only when it has no child left):
+        # then nothing was left to us, and the sweep (a read of every process's /proc/PID/stat,
+        # tens of ms on a busy machine) is skipped.
+        if self._exit.result() != 0:
+            await orphans.kill_adopted()
         # Its end of the channel closed with it: the reader sees EOF right away.
         try:
             await asyncio.wait_for(asyncio.shield(self._reader), timeout=5.0)

@@ -1,9 +1,9 @@
 """The policy a front end gates with, and what the interposer needs from it.
 
 Built once per policy load and shared by every session of the front end (an MCP server opens a
-session per tool call): the policy, its snapshot for the interposer's fast path, and the alias
-table. A reload swaps all three at once and tells every open session to publish the new
-snapshot.
+session per tool call): the policy, its snapshot for the interposer's fast path, the alias
+table and the content index. A reload swaps them all at once and tells every open session to
+publish the new snapshot.
 """
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ from pathlib import Path
 
 from execgate.config import Config
 from execgate.gate.approvals import UserApprovals
+from execgate.gate.content import NO_CONTENTS, ContentIndex
 from execgate.gate.escalation import PolicyEscalation
 from execgate.gate.folderwatch import FolderWatch
+from execgate.gate.skills import SkillScripts
 from execgate.gate.snapshot import build_snapshot
+from execgate.gate.standins import rule_named_paths
 from execgate.policy import LoadedPolicy, Policy, load_chosen_policy, load_layered_policy
 
 Listener = Callable[[bytes], None]
@@ -36,13 +39,16 @@ class LivePolicy:
         search_path: str,
         fail_closed_reason: str | None = None,
         ask_always: bool = False,
+        skills: SkillScripts | None = None,
     ) -> None:
         self.search_path = search_path
         self.ask_always = ask_always
+        self.skills = skills
         self._listeners: list[Listener] = []
         self._watch = FolderWatch()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.aliases: dict[tuple[int, int], tuple[str, ...]] = {}
+        self.contents = NO_CONTENTS
         self._set(policy, fail_closed_reason)
 
     def _set(self, policy: Policy, fail_closed_reason: str | None) -> None:
@@ -51,13 +57,24 @@ class LivePolicy:
         # A folder first watched now may have changed since the build: build again (the
         # folders a build finds depend on the files it finds, hence a few rounds).
         for _ in range(4):
+            # Skill scripts and the interpreters that may be given one must reach the server.
+            skills = self.skills.snapshot_tokens() if self.skills else []
             snapshot = build_snapshot(
-                policy.first_tokens(), dict(policy.host_executables), search_path=self.search_path
+                [*policy.first_tokens(), *skills],
+                dict(policy.host_executables),
+                search_path=self.search_path,
             )
+            if self.skills:
+                snapshot.folders |= self.skills.watch_folders()
             if not self._watch.watch(snapshot.folders):
                 break
         if snapshot.aliases != self.aliases:  # else keep the judgements made with them cached
             self.aliases = snapshot.aliases
+        # What sandboxes cover with stand-ins (the kernel exec backstop, gate/standins.py).
+        self.rule_named = rule_named_paths(
+            self.aliases, policy.host_executables, search_path=self.search_path
+        )
+        self.contents = snapshot.contents
         # Fail-closed requirements deny everything: every exec must reach the server.
         self.snapshot = snapshot.encode(ask_always=self.ask_always or bool(fail_closed_reason))
 
@@ -79,6 +96,12 @@ class LivePolicy:
             if self.snapshot != published:
                 self._publish()
         return self.aliases
+
+    def current_contents(self) -> ContentIndex:
+        """The content index of the rule-named files as they are now (see
+        :meth:`current_aliases`)."""
+        self.current_aliases()
+        return self.contents
 
     def watch_in(self, loop: asyncio.AbstractEventLoop) -> None:
         """Republish the snapshot as soon as a watched folder changes (idempotent)."""
@@ -145,20 +168,24 @@ class GatePolicy:
         search_path: str,
         ask_always: bool = False,
         on_prompt_deny: bool = False,
+        skills: SkillScripts | None = None,
     ) -> None:
         self.live = LivePolicy(
             load.policy,
             search_path=search_path,
             fail_closed_reason=load.fail_closed_reason,
             ask_always=ask_always,
+            skills=skills,
         )
         self.approvals = _approvals(load)
         self.escalation = PolicyEscalation(
             lambda: self.live.policy,
             aliases=self.live.current_aliases,
+            contents=self.live.current_contents,
             user_approves=lambda judgement: self.approvals.covers(judgement),
             can_record_always=lambda judgement: self.approvals.can_record(judgement),
             on_prompt_deny=on_prompt_deny,
+            skill_script=skills.script_of if skills else lambda _: None,
         )
 
     def apply(self, load: PolicyLoad) -> None:

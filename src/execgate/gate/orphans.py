@@ -50,33 +50,36 @@ def disown(pid: int) -> None:
     _own.discard(pid)
 
 
+def _parent_of(pid: str) -> int:
+    """The parent pid in ``/proc/PID/stat`` (-1 if the process is gone): raw reads, as a
+    sweep reads one per process on the machine."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    try:
+        stat = os.read(fd, 1024)
+    except OSError:
+        return -1
+    finally:
+        os.close(fd)
+    fields = stat[stat.rfind(b")") + 2 :].split(None, 2)
+    return int(fields[1]) if len(fields) > 1 else -1
+
+
 def _children() -> list[int]:
     """Our children (live or zombie), from ``/proc`` (``/proc/PID/task/*/children`` needs
     CONFIG_PROC_CHILDREN, which not every kernel has)."""
     me = os.getpid()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == me:
-            found.append(int(entry.name))
-    return found
+    return [
+        int(entry.name)
+        for entry in os.scandir("/proc")
+        if entry.name.isdigit() and _parent_of(entry.name) == me
+    ]
 
 
 def _is_child(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return len(fields) > 1 and int(fields[1]) == os.getpid()
+    return _parent_of(str(pid)) == os.getpid()
 
 
 async def kill_adopted() -> int:

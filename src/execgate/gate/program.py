@@ -4,8 +4,10 @@ An exec request names a file. Policy rules name programs. One file answers to se
 (``/usr/bin/rm``, ``/bin/rm`` via a symlinked ``/bin``, ``./rm``, a symlink ``myrm``, a hard link
 ``gone``), and some execs run another program than the file they name: a ``#!`` script runs its
 interpreter, and the dynamic loader (``ld-linux-x86-64.so.2 /usr/bin/rm``) loads its argument
-without any further exec the interposer could see. This module turns a request into every
-command policy must judge; the gate then takes the strictest decision over all of them.
+without any further exec the interposer could see. A copy of a rule-named file (``cp
+/usr/bin/rm x``, a renamed ``ld.so``) answers to that file's names by its content. This module
+turns a request into every command policy must judge; the gate then takes the strictest
+decision over all of them.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from execgate.gate.content import NO_CONTENTS, ContentIndex
 from execgate.gate.identity import ExecFile, FileId, Interpreter
 from execgate.gate.protocol import ExecRequest
 from execgate.visible import command_line
@@ -37,6 +41,8 @@ _LOADER_FLAG_OPTIONS = {
 
 
 def is_loader(path: str) -> bool:
+    """Whether ``path`` is named like the dynamic loader (a copy is found by content:
+    :meth:`GatedExec.runs_loader`)."""
     return bool(_LOADER.match(posixpath.basename(path)))
 
 
@@ -60,6 +66,8 @@ class GatedExec:
     ppid: int
     via: str
     leaves_gate: str | None = None  # why the file that runs would leave the gate (set-id, caps)
+    # the rule names of the rule-named file whose content the program has (gate/content.py)
+    content_names: tuple[str, ...] = ()
 
     @classmethod
     def from_request(
@@ -77,7 +85,14 @@ class GatedExec:
             ppid=req.ppid,
             via=req.via,
             leaves_gate=runs_file(program, interpreters).leaves_gate,
+            content_names=program.content_names,
         )
+
+    @property
+    def runs_loader(self) -> bool:
+        """Whether the program is the dynamic loader: by its name, or by its content (a
+        renamed copy or hard link of ``ld.so``)."""
+        return any(map(is_loader, (self.realpath or self.path, *self.content_names)))
 
     @property
     def file_id(self) -> FileId:
@@ -130,13 +145,11 @@ def vouched(exec_: GatedExec, pid: int) -> GatedExec:
     ``/proc``, and ``path`` counts as a name of the program only while it still names the file
     that was judged (else the file's canonical path stands in: a name that points elsewhere
     could make policy judge another file than the one that runs)."""
-    cwd, ppid = exec_.cwd, exec_.ppid
     try:
         cwd = os.readlink(f"/proc/{pid}/cwd")
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        pass  # the process is gone: nothing will run for it anyway
+    except OSError:
+        cwd = exec_.cwd  # the process is gone: nothing will run for it anyway
+    ppid = parent_pid(pid) or exec_.ppid
     path = exec_.path
     try:
         st = os.stat(path)
@@ -145,6 +158,27 @@ def vouched(exec_: GatedExec, pid: int) -> GatedExec:
     except (OSError, ValueError):
         path = exec_.realpath or path
     return replace(exec_, pid=pid, ppid=ppid, cwd=cwd, path=path)
+
+
+def parent_pid(pid: int) -> int:
+    """The parent of process ``pid`` from ``/proc`` (0 if there is no such process); raw
+    reads, as this is on every exec request's path."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        stat = os.read(fd, 1024)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    # comm is in parentheses and may itself contain ") ": split at the last one.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[1])
+    except (IndexError, ValueError):
+        return 0
 
 
 def runs_file(program: ExecFile, interpreters: tuple[Interpreter, ...]) -> ExecFile:
@@ -198,23 +232,62 @@ def _resolve(program: str, cwd: str, search_path: str) -> str:
 Judged = tuple[list[str], FileId | None]
 
 
+def _rule_names(
+    file_id: FileId, content_names: tuple[str, ...], aliases: Mapping[FileId, tuple[str, ...]]
+) -> list[str]:
+    """The names rules use for a file: those of its identity (a hard link), then those of the
+    rule-named file whose content it has (a copy)."""
+    return list(dict.fromkeys((*aliases.get(file_id, ()), *content_names)))
+
+
+def _loader_target_names(
+    path: str, aliases: Mapping[FileId, tuple[str, ...]], contents: ContentIndex
+) -> list[str]:
+    """The rule names of the file the loader would load from ``path`` (by identity and by
+    content). The loader opens it by path itself, so this is a reading, not a pin:
+    ``ContentError`` when a file of a rule-named size cannot be compared."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return []
+    file_id = (st.st_dev, st.st_ino)
+    if not stat.S_ISREG(st.st_mode):  # (the server does not open devices and FIFOs)
+        return list(aliases.get(file_id, ()))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:  # the loader cannot read it either
+        return list(aliases.get(file_id, ()))
+    try:
+        st = os.fstat(fd)
+        return _rule_names((st.st_dev, st.st_ino), contents.names_of(fd, st), aliases)
+    finally:
+        os.close(fd)
+
+
 def commands_to_judge(
     exec_: GatedExec,
     *,
     aliases: Mapping[FileId, tuple[str, ...]] = {},
+    contents: ContentIndex = NO_CONTENTS,
     search_path: str = "/usr/local/bin:/usr/bin:/bin",
 ) -> list[Judged]:
     """Every command whose policy decision applies to this exec, most literal first.
 
     ``aliases`` maps a file identity ``(dev, ino)`` to the program names rules use for it, so a
-    hard link under another name is judged as the program it is.
+    hard link under another name is judged as the program it is; each file's
+    ``content_names`` do the same for a copy (its own identity stays the judged file: an
+    escalation needs a rule naming the very file). ``contents`` finds the copies among the
+    dynamic loader's targets.
     """
     rest = list(exec_.argv[1:])
     program_id = (exec_.dev, exec_.ino)
     commands: list[Judged] = [
         ([name, *rest], program_id) for name in _names(exec_.path, exec_.realpath)
     ]
-    commands += [([alias, *rest], program_id) for alias in aliases.get(program_id, ())]
+    commands += [
+        ([alias, *rest], program_id)
+        for alias in _rule_names(program_id, exec_.content_names, aliases)
+    ]
     # What the kernel would run for a script: INTERP [ARG] SCRIPT ARGS…, where INTERP may itself
     # be a script. Each interpreter is judged like a program: by the name in the #! line, by its
     # canonical path and by every rule name of its identity (a symlink or hard link).
@@ -223,31 +296,27 @@ def commands_to_judge(
         tail = [*([interp.arg] if interp.arg else []), *script_command]
         file = interp.file
         names = _names(posixpath.join(exec_.cwd, interp.name), file.realpath)
-        names += list(aliases.get(file.id, ()))
+        names += _rule_names(file.id, file.content_names, aliases)
         if interp.name not in names:
             names.insert(0, interp.name)
         commands += [([name, *tail], file.id) for name in names]
         script_command = [interp.name, *tail]
-    if is_loader(exec_.realpath or exec_.path):
+    if exec_.runs_loader:
         target = _loader_target(exec_.argv)
         if target is not None:
             program, args = target
             resolved = _resolve(program, exec_.cwd, search_path)
             real = os.path.realpath(resolved) if resolved.startswith("/") else ""
             commands.extend(([name, *args], None) for name in _names(resolved, real))
-            try:
-                st = os.stat(resolved)
-            except OSError:
-                pass
-            else:
-                commands += [([a, *args], None) for a in aliases.get((st.st_dev, st.st_ino), ())]
+            target_names = _loader_target_names(resolved, aliases, contents)
+            commands += [([a, *args], None) for a in target_names]
     return commands
 
 
 def loader_loads_an_auditor(exec_: GatedExec) -> bool:
     """Whether this exec runs the dynamic loader with ``--audit``: an audit library can skip
     the interposer (``la_objsearch``) in the program the loader then runs."""
-    if not is_loader(exec_.realpath or exec_.path):
+    if not exec_.runs_loader:
         return False
     for arg in exec_.argv[1:]:
         if arg == "--audit" or arg.startswith("--audit="):

@@ -275,10 +275,12 @@ def encode_authorize(
     cwd: bytes,
     argv: Sequence[bytes],
     env: EnvRules,
+    confined: bool = False,
 ) -> bytes:
     # Hand-rolled (one per escalation, on the server's hot path); same bytes as encode_fields.
+    kind = b"authorize-confined" if confined else b"authorize"
     fields = [
-        TAG, b"authorize", ticket.encode(), b"%d" % lifetime_ms, token,
+        TAG, kind, ticket.encode(), b"%d" % lifetime_ms, token,
         display.encode("utf-8", "surrogateescape"), path, cwd, b"%d" % len(argv), *argv,
     ]  # fmt: skip
     head = b"\0".join(fields) + b"\0"

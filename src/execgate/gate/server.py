@@ -2,12 +2,13 @@
 
 This is the per-exec hot path on the Python side, so it stays off asyncio's stream machinery:
 the listening socket is watched with ``add_reader``; each accepted connection is read once with
-``recvmsg`` (a request is one small frame, already sent by the time we accept, with the
-descriptors of the files it would run) and answered synchronously when the decision needs no
-human. Only big requests and questions to a human become tasks; how many big requests may be
-arriving at once, for how long and how many bytes they may hold is bounded (a gated process
-must not make the server grow without limit: excess connections are closed, and the client
-fails closed). Escalation claims do not come here: the launcher serves them (protocol §4).
+``recvmsg`` (a request is one small frame with the descriptors of the files it would run; when
+we woke on the connect, before the frame was sent, a reader waits for it) and answered
+synchronously when the decision needs no human. Only big requests and questions to a human
+become tasks; how many requests may be arriving at once, for how long and how many bytes
+they may hold is bounded (a gated process must not make the server grow without limit: excess
+connections are closed, and the client fails closed). Escalation claims do not come here:
+the launcher serves them (protocol §4).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class GateServer:
         self._uid = os.geteuid()
         self._tasks: set[asyncio.Task[None]] = set()
         self._slow: set[socket.socket] = set()  # requests still arriving
+        self._awaited: dict[socket.socket, asyncio.TimerHandle] = {}  # ...their first bytes
         self._buffered = 0  # bytes those hold
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(os.fspath(path))
@@ -93,6 +95,9 @@ class GateServer:
         if self._listener.fileno() >= 0:
             self._loop.remove_reader(self._listener.fileno())
             self._listener.close()
+        for conn in list(self._awaited):
+            self._stop_awaiting(conn)
+            conn.close()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -135,30 +140,81 @@ class GateServer:
             log.warning("gate: refused a connection from uid %d (pid %d)", peer.uid, peer.pid)
             conn.close()
             return
-        # The program's descriptors ride on the frame's first bytes (§2, §3).
         try:
             data, fds = _recv_with_fds(conn, _FIRST_READ)
         except BlockingIOError:
-            data, fds = b"", []
+            # Connected, not sent yet (we woke on connect): wait for the first bytes with a
+            # reader and a timer, cheaper than a task for what is the common case on a
+            # busy machine. It holds a place among the unfinished requests meanwhile.
+            if not self._hold(conn, peer):
+                return
+            timer = self._loop.call_later(SLOW_REQUEST_SECONDS, self._give_up, conn, peer)
+            self._awaited[conn] = timer
+            self._loop.add_reader(conn.fileno(), self._on_first_bytes, conn, peer)
+            return
         except (OSError, ProtocolError) as exc:
             log.warning("gate: bad request from pid %d: %s", peer.pid, exc)
             self._handler.refused(peer, f"bad request: {exc}")
             conn.close()
             return
+        self._serve_read(conn, data, fds, peer)
+
+    def _hold(self, conn: socket.socket, peer: Peer, fds: list[int] | None = None) -> bool:
+        """Count ``conn`` among the unfinished requests, or close it when there are too many."""
+        if len(self._slow) >= MAX_SLOW_REQUESTS:
+            # Memory is bounded per session: a process cannot make us hold many big frames.
+            log.info("gate: too many unfinished requests; closed one from pid %d", peer.pid)
+            self._handler.refused(peer, "too many unfinished requests")
+            _close_all(fds or [])
+            conn.close()
+            return False
+        self._slow.add(conn)
+        return True
+
+    def _stop_awaiting(self, conn: socket.socket) -> None:
+        self._awaited.pop(conn).cancel()
+        self._loop.remove_reader(conn.fileno())
+        self._slow.discard(conn)
+
+    def _give_up(self, conn: socket.socket, peer: Peer) -> None:
+        log.info("gate: dropped a request from pid %d: timeout", peer.pid)
+        self._handler.refused(peer, "dropped request: timeout")
+        self._stop_awaiting(conn)
+        conn.close()
+
+    def _on_first_bytes(self, conn: socket.socket, peer: Peer) -> None:
+        self._stop_awaiting(conn)
+        try:
+            try:
+                data, fds = _recv_with_fds(conn, _FIRST_READ)
+            except BlockingIOError:  # woken for nothing: read on as a slow request
+                if self._hold(conn, peer):
+                    self._spawn(self._serve_slowly(conn, b"", [], peer))
+                return
+            except (OSError, ProtocolError) as exc:
+                log.warning("gate: bad request from pid %d: %s", peer.pid, exc)
+                self._handler.refused(peer, f"bad request: {exc}")
+                conn.close()
+                return
+            self._serve_read(conn, data, fds, peer)
+        except Exception:  # never let one connection take the server down
+            log.exception("gate: request failed")
+            conn.close()
+
+    def _serve_read(self, conn: socket.socket, data: bytes, fds: list[int], peer: Peer) -> None:
+        """Answer a request whose first bytes were read (the program's descriptors ride on
+        them, §2, §3); one that is not all there yet is read on by a task."""
         if len(data) >= HEADER.size:
             (length,) = HEADER.unpack_from(data)
             if HEADER.size + length <= len(data) and 0 < length <= MAX_PAYLOAD:
                 self._dispatch(conn, data[HEADER.size : HEADER.size + length], fds, peer)
                 return
-        if len(self._slow) >= MAX_SLOW_REQUESTS:
-            # Memory is bounded per session: a process cannot make us hold many big frames.
-            log.info("gate: too many unfinished requests; closed one from pid %d", peer.pid)
-            self._handler.refused(peer, "too many unfinished requests")
-            _close_all(fds)
+        if not data and not fds:  # closed before sending anything
+            self._handler.refused(peer, "dropped request: connection closed mid-frame")
             conn.close()
             return
-        self._slow.add(conn)
-        self._spawn(self._serve_slowly(conn, data, fds, peer))
+        if self._hold(conn, peer, fds):
+            self._spawn(self._serve_slowly(conn, data, fds, peer))
 
     async def _serve_slowly(
         self, conn: socket.socket, data: bytes, fds: list[int], peer: Peer

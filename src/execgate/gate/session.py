@@ -14,23 +14,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
 import shutil
 import socket
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
+
+import anyio
+import anyio.abc
 
 from execgate import native, paths
 from execgate.decisionlog.recorder import DecisionLog, bounded_argv, permission_entry
 from execgate.errors import ExecgateError
 from execgate.files import make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
-from execgate.gate.askers import DenyingAsker
 from execgate.gate.cleanenv import cleaned_variables
+from execgate.gate.content import NO_CONTENTS, ContentIndex
 from execgate.gate.escalation import (
     Action,
     Approval,
@@ -48,13 +55,14 @@ from execgate.gate.program import GatedExec, runs_file, vouched
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import Answer, GateServer, Peer
 from execgate.gate.snapshot import SealedSnapshot
+from execgate.gate.standins import StandIns
 from execgate.netproxy.server import NetProxy, ProxyThread
 from execgate.netproxy.variables import PROXY_VARIABLE_NAMES, proxy_variables
 from execgate.policy import allow_rule_line
 from execgate.sandbox import SandboxSpec
 from execgate.sandbox.guarded import guard
 from execgate.sandbox.spec import PROXY_PORT
-from execgate.visible import VisibleFormatter, visible
+from execgate.visible import VisibleFormatter, quote_word, visible
 
 log = logging.getLogger("execgate.session")
 # Every escalation (a program let out of the sandbox), for the record: front ends send it to
@@ -110,6 +118,9 @@ def _session_dir_candidates() -> list[Path]:
     return candidates
 
 
+_swept = False
+
+
 def make_session_dir(writable_roots: Sequence[Path]) -> Path:
     """A fresh 0700 folder for the socket and snapshot.
 
@@ -124,7 +135,10 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
         return any(real == r or r in real.parents for r in roots)
 
     candidates = _session_dir_candidates()
-    remove_stale_session_dirs(candidates)
+    global _swept
+    if not _swept:  # folders of killed servers: once per server (an MCP server opens many)
+        remove_stale_session_dirs(candidates)
+        _swept = True
     for base in sorted(candidates, key=writable):  # stable: outside-the-sandbox ones first
         try:
             make_private_dir(base)
@@ -183,101 +197,122 @@ def remove_stale_session_dirs(bases: Sequence[Path]) -> list[Path]:
     return removed
 
 
+@dataclass(frozen=True)
+class SessionConfig:
+    r"""How a session is opened: one value, passed once. Two sessions opened with equal
+    :attr:`key`\ s are interchangeable (:class:`SessionReserve` relies on it)."""
+
+    live: LivePolicy
+    escalation: EscalationPolicy
+    sandbox: SandboxSpec | None = None
+    #: The environment the session starts from (default: the server's own, at open()).
+    base_env: Mapping[str, str] | None = None
+    gate_escalated: bool = True
+    approval_timeout: float = 300.0
+    #: The launcher (and so the whole tree) gets a process session of its own, detached from
+    #: any terminal (the MCP server); otherwise it stays in ours.
+    new_process_session: bool = False
+    clean_escalated_env: tuple[str, ...] = ()
+    #: A terminal (PTY follower) the launcher makes its controlling terminal (needs
+    #: ``new_process_session``): the main program, started with ``pgid=0``, gets it.
+    terminal: int | None = None
+    #: How connections through the proxy are decided (a sandbox with ``network_proxy``).
+    network: NetworkSettings | None = None
+
+    def __post_init__(self) -> None:
+        if self.base_env is not None:
+            object.__setattr__(self, "base_env", MappingProxyType(dict(self.base_env)))
+        object.__setattr__(self, "clean_escalated_env", tuple(self.clean_escalated_env))
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        env = self.base_env
+        return (
+            id(self.live),
+            id(self.escalation),
+            self.sandbox,
+            None if env is None else tuple(sorted(env.items())),
+            self.gate_escalated,
+            self.approval_timeout,
+            self.new_process_session,
+            self.clean_escalated_env,
+            self.terminal,
+            self.network,
+        )
+
+
+@dataclass(frozen=True)
+class SessionCaller:
+    """Whoever starts the session's command: who answers its questions, who is told when one
+    starts and ends (``on_ask(True)`` / ``on_ask(False)``), where its decisions are logged."""
+
+    asker: Asker
+    on_ask: Callable[[bool], None] | None = None
+    decisions: DecisionLog | None = field(default=None, compare=False)
+    call: int | None = None  # the tool call its decisions are logged under
+
+
 class EscalationSession:
     """Create with :meth:`open`; always :meth:`aclose` (or use ``async with``)."""
 
-    def __init__(
-        self,
-        *,
-        live: LivePolicy,
-        escalation: EscalationPolicy,
-        asker: Asker,
-        sandbox: SandboxSpec | None,
-        base_env: Mapping[str, str],
-        gate_escalated: bool,
-        approval_timeout: float,
-        decisions: DecisionLog | None,
-        on_ask: Callable[[bool], None] | None,
-        clean_escalated_env: Sequence[str] = (),
-        network: NetworkSettings | None = None,
-    ) -> None:
-        self.live = live
-        self.escalation = escalation
-        self.asker = asker
-        self.sandbox = sandbox
+    def __init__(self, config: SessionConfig, caller: SessionCaller | None) -> None:
+        self.config = config
+        self.live = config.live
+        self.escalation = config.escalation
+        sandbox = self.sandbox = config.sandbox
         self.confined = sandbox is not None and sandbox.confines
-        self.base_env = dict(base_env)
-        self.gate_escalated = gate_escalated
-        self.cleaned = cleaned_variables(clean_escalated_env)
-        self.approval_timeout = approval_timeout
+        self.base_env = dict(os.environ if config.base_env is None else config.base_env)
+        self.gate_escalated = config.gate_escalated
+        self.cleaned = cleaned_variables(config.clean_escalated_env)
+        self.approval_timeout = config.approval_timeout
         self.token = secrets.token_hex(16)
         self.escalated_token = secrets.token_hex(16)
-        # Who answers questions, who is told when one starts/ends, where decisions are logged
-        # (and under which tool call): they belong to whoever starts the session and may be
-        # replaced until start().
-        self.decisions = decisions
-        self.call: int | None = None
-        self.on_ask = on_ask
-        self._closing = asyncio.Event()
+        # Set once, before anything of the session runs (None: a reserve's spare, see attach).
+        self._caller = caller
+        self._closing = False
+        self._asking: set[anyio.CancelScope] = set()
         self._asks = 0
+        self.verdicts: Counter[Verdict] = Counter()  # decisions so far (a summary's counts)
         self.dir = make_session_dir(sandbox.writable_roots if sandbox else ())
         self.socket_path = self.dir / "gate.sock"
         self.claim_path = self.dir / "claim.sock"  # the launcher's (protocol §4)
         self.snapshot_path = self.dir / "policy.snap"
+        live = config.live
         write_atomically(self.snapshot_path, live.snapshot, mode=0o444)
         # Without a sandbox a gated process could replace the file: clients use a sealed copy.
         self.sealed_snapshot = None if self.confined else SealedSnapshot(live.snapshot)
         self._unsubscribe = live.subscribe(self.publish_snapshot)
         self.interposer = native.native_path(native.INTERPOSER)
         self.wrapper = native.native_path(native.WRAPPER)
+        # Inside a sandbox the programs rules name are covered by stand-ins (the kernel backstop).
+        self.standins: StandIns | None = None
+        if self.confined:
+            try:
+                self.standins = StandIns(self.dir / "standins", self.wrapper)
+                self.standins.cover(live.rule_named)
+            except BaseException:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise
         self._server: GateServer | None = None
         self._launcher: Launcher | None = None
         self._env_rules: EnvRules | None = None
         # Network through the proxy: the proxy's thread, and what points programs at it.
         self.proxied = self.confined and sandbox is not None and sandbox.network_proxy
-        self.network = network or NetworkSettings()
+        self.network = config.network or NetworkSettings()
         self.proxy_env = proxy_variables(PROXY_PORT) if self.proxied else {}
         self._proxy: ProxyThread | None = None
         self.network_gate: NetworkGate | None = None
 
     @classmethod
     async def open(
-        cls,
-        *,
-        live: LivePolicy,
-        escalation: EscalationPolicy,
-        asker: Asker,
-        sandbox: SandboxSpec | None = None,
-        base_env: Mapping[str, str] | None = None,
-        gate_escalated: bool = True,
-        approval_timeout: float = 300.0,
-        decisions: DecisionLog | None = None,
-        on_ask: Callable[[bool], None] | None = None,
-        new_process_session: bool = False,
-        clean_escalated_env: Sequence[str] = (),
-        network: NetworkSettings | None = None,
+        cls, config: SessionConfig, caller: SessionCaller | None = None
     ) -> EscalationSession:
-        """Open a session: its folder, gate socket and launcher.
-
-        ``new_process_session``: the launcher (and so the whole tree) gets its own process
-        session, detached from any terminal (the MCP server); otherwise it stays in ours.
-        ``network``: how connections through the proxy are decided (a sandbox with
-        ``network_proxy``).
-        """
+        """Open a session: its folder, gate socket and launcher. ``caller`` None: attach one
+        with :meth:`attach` before :meth:`start`."""
         native.verify_installation()  # never load an interposer that is not the installed one
-        session = cls(
-            live=live,
-            escalation=escalation,
-            asker=asker,
-            sandbox=sandbox,
-            base_env=os.environ if base_env is None else base_env,
-            gate_escalated=gate_escalated,
-            approval_timeout=approval_timeout,
-            decisions=decisions,
-            on_ask=on_ask,
-            clean_escalated_env=clean_escalated_env,
-            network=network,
-        )
+        session = cls(config, caller)
+        sandbox, live = config.sandbox, config.live
+        new_process_session = config.new_process_session
         try:
             live.watch_in(asyncio.get_running_loop())
             session._server = GateServer(session.socket_path, session)
@@ -289,6 +324,7 @@ class EscalationSession:
                     executables=[session.wrapper, session.interposer],
                     readonly=readonly,
                     hidden=hidden,
+                    standin_table=session.standins.table if session.standins else None,
                 )
             report = session._start_proxy() if session.proxied else None
             try:
@@ -296,6 +332,7 @@ class EscalationSession:
                     spec,
                     new_session=new_process_session,
                     claim_path=session.claim_path,
+                    terminal=config.terminal,
                     proxy_report=report.fileno() if report else None,
                 )
             finally:
@@ -305,6 +342,26 @@ class EscalationSession:
             await session.aclose()
             raise
         return session
+
+    def attach(self, caller: SessionCaller) -> None:
+        """Give a session opened without a caller (a reserve's spare) its caller, once."""
+        if self._caller is not None:
+            raise RuntimeError("the session has a caller already")
+        self._caller = caller
+
+    @property
+    def caller(self) -> SessionCaller:
+        if self._caller is None:
+            raise RuntimeError("the session has no caller (attach one before start)")
+        return self._caller
+
+    @property
+    def decisions(self) -> DecisionLog | None:
+        return self._caller.decisions if self._caller is not None else None
+
+    @property
+    def call(self) -> int | None:
+        return self._caller.call if self._caller is not None else None
 
     def _start_proxy(self) -> socket.socket:
         """Start the proxy's thread; returns the launcher's end of the report socket."""
@@ -412,9 +469,24 @@ class EscalationSession:
             )
         return self._env_rules
 
+    def confined_env_rules(self) -> EnvRules:
+        """A confined claim's environment: the caller's, with the gate re-added as every exec
+        inside the sandbox gets it (protocol §1), and the proxy variables of a proxied session
+        likewise."""
+        preload = self._with_preload(self.base_env.get("LD_PRELOAD"))
+        overlay = {**self.proxy_env, **self.gate_env(), "LD_PRELOAD": preload}
+        proxy = PROXY_VARIABLE_NAMES if self.proxied else ()
+        return EnvRules(
+            drop=tuple(os.fsencode(name) for name in (*GATE_VARIABLES, "LD_PRELOAD", *proxy)),
+            drop_prefixes=(),
+            set=tuple(os.fsencode(f"{k}={v}") for k, v in overlay.items()),
+        )
+
     # -- policy updates ------------------------------------------------------------------
 
     def publish_snapshot(self, snapshot: bytes) -> None:
+        if self.standins is not None:  # before the snapshot: a new rule's program is covered
+            self.standins.cover(self.live.rule_named)
         write_atomically(self.snapshot_path, snapshot, mode=0o444)
         if self.sealed_snapshot is not None:
             self.sealed_snapshot.publish(snapshot)
@@ -437,7 +509,9 @@ class EscalationSession:
     ) -> LaunchedProcess:
         """Gate and start the session's own command (as if the session exec'd it)."""
         program = resolve_command(argv[0], cwd=cwd, path=env.get("PATH", os.defpath))
-        exec_ = describe_exec(program, argv, cwd=cwd, via="session")
+        exec_ = describe_exec(
+            program, argv, cwd=cwd, via="session", contents=self.live.current_contents()
+        )
         asked = None
         if self.live.fail_closed_reason:  # nothing runs, not even a shell's builtins
             action = Action(Verdict.DENY, self.live.fail_closed_reason)
@@ -483,8 +557,43 @@ class EscalationSession:
             exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
             self._record(exec_, Action(Verdict.DENY, "request not from this session"), closed=True)
             return protocol.encode_deny(self.denial(exec_, "request not from this session"))
+        claimed: Sequence[tuple[bytes, bytes]] = request.interpreters
+        opened: list[int] = []  # descriptors opened here, for a stand-in's program
+        if confined and self.standins is not None:
+            try:
+                substituted = self.standins.substitute(fds, claimed, os.fsdecode(request.cwd))
+            except OSError as exc:
+                exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
+                return protocol.encode_deny(
+                    self.denial(exec_, f"the program cannot be opened ({exc.strerror})")
+                )
+            if substituted is not None:
+                fds, claimed, opened = substituted
         try:
-            program, interpreters = inspect_descriptors(fds, request.interpreters)
+            answer = self._judge(request, fds, claimed, peer, confined, standin=bool(opened))
+        except BaseException:
+            _close_all(opened)
+            raise
+        if opened:
+            if isinstance(answer, bytes):
+                _close_all(opened)
+            else:
+                answer = _closing_after(answer, opened)
+        return answer
+
+    def _judge(
+        self,
+        request: ExecRequest,
+        fds: Sequence[int],
+        claimed: Sequence[tuple[bytes, bytes]],
+        peer: Peer,
+        confined: bool,
+        *,
+        standin: bool,
+    ) -> Answer:
+        try:
+            contents = self.live.current_contents()
+            program, interpreters = inspect_descriptors(fds, claimed, contents)
         except IdentityError as exc:
             exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
             log.info("gate: refused a request from pid %d: %s", peer.pid, exc)
@@ -497,9 +606,16 @@ class EscalationSession:
             action = self.escalation.decide(exec_, confined=confined)
         if action.verdict == Verdict.ASK:
             assert action.approval is not None
-            return self._ask_then_answer(exec_, request, fds[-1], action.approval, confined)
+            return self._ask_then_answer(
+                exec_, request, fds[-1], action.approval, confined, standin=standin
+            )
         self._record(exec_, action)
-        return self._encode(exec_, request, fds[-1], action)
+        return self._encode(exec_, request, fds[-1], action, standin=standin)
+
+    @functools.cached_property
+    def sandbox_text(self) -> str:
+        """The session's sandbox profile in one line (the decision log's ``sandbox``)."""
+        return self.sandbox.describe() if self.sandbox else "off"
 
     def refused(self, peer: Peer, why: str) -> None:
         if self.decisions is not None:
@@ -509,9 +625,19 @@ class EscalationSession:
                          "source": "fail-closed", "reason": why}
             )  # fmt: skip
 
-    def _encode(self, exec_: GatedExec, request: ExecRequest, runs: int, action: Action) -> Answer:
+    def _encode(
+        self,
+        exec_: GatedExec,
+        request: ExecRequest,
+        runs: int,
+        action: Action,
+        *,
+        standin: bool = False,
+    ) -> Answer:
+        """``standin``: the request came through a stand-in, whose program is not reachable
+        inside the sandbox: `run` means the launcher runs it there, confined."""
         if action.verdict == Verdict.RUN:
-            return protocol.RUN
+            return self._escalate(exec_, request, runs, confined=True) if standin else protocol.RUN
         if action.verdict == Verdict.ESCALATE:
             return self._escalate(exec_, request, runs)
         return protocol.encode_deny(self.denial(exec_, action.reason))
@@ -526,6 +652,7 @@ class EscalationSession:
     ) -> None:
         """Log a decision: the escalations log at once, the decision log after the answer
         (``closed``: refused without judging, or with the policy failed closed)."""
+        self.verdicts[action.verdict] += 1
         if action.verdict == Verdict.ESCALATE:
             escalations.info(
                 "escalated %s (program %s, pid %d, cwd %s, sandbox %s)",
@@ -539,7 +666,7 @@ class EscalationSession:
             escalations.info("%s: %s", exec_.display(), action.reason)
         if self.decisions is not None:
             closed = closed or (action.judgement is None and bool(self.live.fail_closed_reason))
-            call, sandbox = self.call, self.sandbox
+            call, sandbox = self.call, self.sandbox_text
             self.decisions.record(
                 lambda: decision_entry(exec_, action, asked, closed, call, sandbox)
             )
@@ -551,10 +678,12 @@ class EscalationSession:
         runs: int,
         approval: ApprovalRequest,
         confined: bool,
+        *,
+        standin: bool,
     ) -> bytes:
         action, answer_given = await self._ask(approval, confined=confined)
         self._record(exec_, action, (approval, answer_given))
-        answer = self._encode(exec_, request, runs, action)
+        answer = self._encode(exec_, request, runs, action, standin=standin)
         return answer if isinstance(answer, bytes) else await answer
 
     async def _ask(self, request: ApprovalRequest, *, confined: bool) -> tuple[Action, Approval]:
@@ -564,39 +693,43 @@ class EscalationSession:
         return self.escalation.resolve(request, approval, confined=confined), approval
 
     async def ask_human(self, request: ApprovalRequest) -> Approval:
-        """Ask a human; a session that ends or a question nobody answers in time is a denial."""
+        """Ask a human; a session that ends or a question nobody answers in time is a denial.
+        (Also the proxy's, for a connection's question: it runs on the session's loop.)"""
+        caller = self.caller
+        if self._closing:
+            return no_one_to_ask(request, "the session ended before anyone answered")
         self._asks += 1
-        if self._asks == 1 and self.on_ask:
-            self.on_ask(True)
-        ask = asyncio.ensure_future(self.asker.ask(request))
-        closing = asyncio.ensure_future(self._closing.wait())
+        if self._asks == 1 and caller.on_ask:
+            caller.on_ask(True)
+        # aclose() cancels the scope; its deadline is the session's own backstop.
+        scope = anyio.CancelScope(deadline=anyio.current_time() + self.approval_timeout)
+        self._asking.add(scope)
+        answered = None
         try:
-            done, _ = await asyncio.wait(
-                {ask, closing}, timeout=self.approval_timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            if ask in done:
-                approval = ask.result()
-            elif closing in done:
-                approval = no_one_to_ask(request, "the session ended before anyone answered")
-            else:
-                approval = no_one_to_ask(
-                    request, f"nobody answered within {self.approval_timeout:g} s"
-                )
+            with scope:
+                answered = await caller.asker.ask(request)
         finally:
-            for task in (ask, closing):
-                task.cancel()
+            self._asking.discard(scope)
             self._asks -= 1
-            if self._asks == 0 and self.on_ask:
-                self.on_ask(False)
-        return approval
+            if self._asks == 0 and caller.on_ask:
+                caller.on_ask(False)
+        if answered is not None:
+            return answered
+        if self._closing:
+            return no_one_to_ask(request, "the session ended before anyone answered")
+        return no_one_to_ask(request, f"nobody answered within {self.approval_timeout:g} s")
 
     # -- escalation ----------------------------------------------------------------------
 
-    def _escalate(self, exec_: GatedExec, request: ExecRequest, runs: int) -> Answer:
+    def _escalate(
+        self, exec_: GatedExec, request: ExecRequest, runs: int, *, confined: bool = False
+    ) -> Answer:
         """Authorize a ticket at the launcher, then hand it to the client, which claims it
         there (§4). The authorization is written to the launcher before the answer is sent,
         so it is always there first. ``runs``: the descriptor of the file that was judged
-        and will run (the last interpreter, for a script); the launcher executes exactly it."""
+        and will run (the last interpreter, for a script); the launcher executes exactly it.
+        ``confined``: the launcher runs it inside the sandbox (a stand-in's program that no
+        rule lets out), with the caller's environment as a confined exec would have it."""
         ticket = secrets.token_hex(16)
         try:
             posted = self.launcher.authorize(
@@ -609,7 +742,8 @@ class EscalationSession:
                 # caller used could be re-pointed (a symlink in the workspace) before it does.
                 argv=[os.fsencode(word) for word in exec_.exec_argv(exec_.realpath)],
                 cwd=os.fsencode(exec_.cwd),
-                env=self.escalated_env_rules(),
+                env=self.confined_env_rules() if confined else self.escalated_env_rules(),
+                confined=confined,
             )
         except (LauncherError, ProtocolError) as exc:
             return self._cannot_escalate(exec_, exc)
@@ -637,7 +771,9 @@ class EscalationSession:
 
     async def aclose(self, grace: float = 0.5) -> None:
         """Deny pending questions, kill every process of the session, remove its files."""
-        self._closing.set()
+        self._closing = True
+        for scope in list(self._asking):
+            scope.cancel()
         self._unsubscribe()
         await asyncio.sleep(0)  # let pending asks answer "denied" before the server closes
         if self._launcher is not None:
@@ -654,6 +790,19 @@ class EscalationSession:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+async def _closing_after(answer: Awaitable[bytes], fds: Sequence[int]) -> bytes:
+    try:
+        return await answer
+    finally:
+        _close_all(fds)
+
+
 # -- the decision log ------------------------------------------------------------------------
 
 # Who answered, as the decision log's ``source`` and ``answered_by`` say it.
@@ -666,7 +815,7 @@ def decision_entry(
     asked: tuple[ApprovalRequest, Approval] | None,
     closed: bool,
     call: int | None,
-    sandbox: SandboxSpec | None,
+    sandbox: str,
 ) -> dict[str, object]:
     """One decision as the decision log records it (built after the answer was sent)."""
     judgement = action.judgement
@@ -683,7 +832,7 @@ def decision_entry(
         "argv_cut": cut or None,
         "via": exec_.via,
         "decision": action.verdict.value,
-        "sandbox": sandbox.describe() if sandbox else "off",
+        "sandbox": sandbox,
     }
     if judgement is not None and judgement.decision is not None:
         entry["policy"] = judgement.decision.value
@@ -724,15 +873,25 @@ def resolve_command(name: str, *, cwd: str, path: str) -> str:
         candidate = os.path.join(cwd, directory or ".", name)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return os.path.normpath(candidate)
-    raise ExecgateError(f"{name}: command not found", exit_status=127)
+    raise ExecgateError(f"{quote_word(name)}: command not found", exit_status=127)
 
 
-def describe_exec(program: str, argv: Sequence[str], *, cwd: str, via: str) -> GatedExec:
+def describe_exec(
+    program: str,
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    via: str,
+    contents: ContentIndex = NO_CONTENTS,
+) -> GatedExec:
     """A :class:`GatedExec` for a program execgate itself is about to start."""
     try:
-        file, interpreters = describe_path(program, cwd)
-    except OSError as exc:
-        raise ExecgateError(f"{program}: {exc.strerror}", exit_status=127) from None
+        file, interpreters = describe_path(program, cwd, contents)
+    except OSError as exc:  # as a shell says it: 127 not found, 126 found but cannot run
+        found = os.path.lexists(os.path.join(cwd, program))
+        raise ExecgateError(
+            f"{quote_word(program)}: {exc.strerror}", exit_status=126 if found else 127
+        ) from None
     return GatedExec(
         path=program,
         realpath=file.realpath,
@@ -745,69 +904,94 @@ def describe_exec(program: str, argv: Sequence[str], *, cwd: str, via: str) -> G
         ppid=os.getppid(),
         via=via,
         leaves_gate=runs_file(file, interpreters).leaves_gate,
+        content_names=file.content_names,
     )
 
 
 class SessionReserve:
     """One session opened ahead of need, so the next caller does not wait for a launcher.
 
-    Sessions are interchangeable only when opened with the same arguments (sandbox, base
-    environment, policy); :meth:`take` hands out the spare when it matches and opens the next
-    one in the background. The asker, ``on_ask``, decision log and call id are the caller's:
-    set them on the session before ``start()``.
+    Sessions are interchangeable only when opened with the same :class:`SessionConfig` key;
+    :meth:`take` hands out the spare when it matches and opens the next one in the background
+    (in :meth:`run`'s task group). Spares have no caller: :meth:`take` attaches the taker's.
     """
 
     def __init__(self) -> None:
         self._key: tuple[object, ...] | None = None
-        self._spare: asyncio.Task[EscalationSession] | None = None
-        self._discarding: set[asyncio.Task[None]] = set()
+        self._spare: _Opening | None = None
+        self._tasks: anyio.abc.TaskGroup | None = None
 
-    @staticmethod
-    def _key_of(kwargs: dict[str, Any]) -> tuple[object, ...]:
-        env = kwargs.get("base_env")
-        return (
-            id(kwargs["live"]),
-            id(kwargs["escalation"]),
-            kwargs.get("sandbox"),
-            None if env is None else tuple(sorted(env.items())),
-            kwargs.get("gate_escalated", True),
-            kwargs.get("approval_timeout", 300.0),
-            kwargs.get("new_process_session", False),
-            tuple(kwargs.get("clean_escalated_env", ())),
-            kwargs.get("network"),
-        )
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[SessionReserve]:
+        """Spares are opened (and unused ones closed) in a task group living this long; every
+        session still held here is closed on the way out."""
+        async with anyio.create_task_group() as tasks:
+            self._tasks = tasks
+            try:
+                yield self
+            finally:
+                self._tasks = None
+                with anyio.CancelScope(shield=True):
+                    await self.aclose()
 
-    async def take(self, **kwargs: Any) -> EscalationSession:
-        """A session as ``EscalationSession.open(**kwargs)`` would give (asker excepted)."""
-        key = self._key_of(kwargs)
+    async def take(self, config: SessionConfig, caller: SessionCaller) -> EscalationSession:
+        """A session as ``EscalationSession.open(config, caller)`` would give."""
+        key = config.key
         spare, self._spare = self._spare, None
         session: EscalationSession | None = None
         if spare is not None and self._key == key:
-            with contextlib.suppress(Exception):
-                session = await spare
+            session = await spare.result()
         elif spare is not None:  # opened for other arguments: not ours to hand out
-            discard = asyncio.ensure_future(_close_when_open(spare))
-            self._discarding.add(discard)
-            discard.add_done_callback(self._discarding.discard)
+            self._start(spare.close)
         self._key = key
-        # Replaced by the taker; nothing runs in a session before start(), so nothing asks.
-        placeholder = DenyingAsker("the session was not started")
         if session is None:
-            session = await EscalationSession.open(asker=placeholder, **kwargs)
-        self._spare = asyncio.ensure_future(EscalationSession.open(asker=placeholder, **kwargs))
+            session = await EscalationSession.open(config, caller)
+        else:
+            session.attach(caller)
+        if self._tasks is not None:
+            self._spare = _Opening(config)
+            self._start(self._spare.run)
         return session
+
+    def _start(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        if self._tasks is not None:
+            self._tasks.start_soon(work)
 
     async def aclose(self) -> None:
         spare, self._spare = self._spare, None
         if spare is not None:
-            await _close_when_open(spare)
-        if self._discarding:
-            await asyncio.gather(*self._discarding, return_exceptions=True)
+            await spare.close()
 
 
-async def _close_when_open(opening: asyncio.Task[EscalationSession]) -> None:
-    try:
-        session = await opening
-    except Exception:
-        return
-    await session.aclose()
+class _Opening:
+    """A session being opened in the background: its result (None if opening failed)."""
+
+    def __init__(self, config: SessionConfig) -> None:
+        self.config = config
+        self._done = anyio.Event()
+        self._session: EscalationSession | None = None
+        self._closed = False
+
+    async def run(self) -> None:
+        try:
+            session = await EscalationSession.open(self.config)
+        except Exception:
+            log.debug("could not open a spare session", exc_info=True)
+        else:
+            if self._closed:
+                await session.aclose()
+            else:
+                self._session = session
+        finally:
+            self._done.set()
+
+    async def result(self) -> EscalationSession | None:
+        await self._done.wait()
+        return self._session
+
+    async def close(self) -> None:
+        self._closed = True
+        session = await self.result()
+        self._session = None
+        if session is not None:
+            await session.aclose()

@@ -2,8 +2,10 @@
 
 Most execs run programs no rule names; their answer is always ``run``. The snapshot lists the
 names (as 64-bit FNV-1a hashes) and file identities ``(dev, ino)`` that some rule could match,
-so the interposer asks the server only about those. Building it also yields the alias table the
-server uses to judge a hard link under another name as the program it is.
+so the interposer asks the server only about those, and the sizes of those files, so it also
+asks about a program that may be a copy of one (gate/content.py). Building it also yields the
+alias table the server uses to judge a hard link under another name as the program it is, and
+the content index it uses to judge a copy as the program it copies.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from execgate.gate.content import ContentIndex, build_index
+
 MAGIC = b"EGSNAP1\0"
 ASK_ALWAYS = 1
-_HEADER = struct.Struct("<8sIIIIQQ24x")
+_HEADER = struct.Struct("<8sIIIIQQQ16x")
 assert _HEADER.size == 64
 
 _FNV_OFFSET = 0xCBF29CE484222325
@@ -43,29 +47,46 @@ FileId = tuple[int, int]
 
 @dataclass
 class Snapshot:
+    """What a policy means for the files on this host.
+
+    ``files`` and ``aliases`` are the files some rule names (and the dynamic loader's), by
+    identity. ``contents`` indexes those same files by size for content comparison:
+    ``contents.by_size`` maps a size to the ``content.RuleFile`` entries (path, ``(dev, ino)``,
+    rule names; the loader's under its paths) of that size, ``contents.sizes`` is the
+    snapshot's size table, and ``contents.names_of(fd, st)`` gives the rule names of the
+    rule-named files whose content the file behind ``fd`` has (SHA-256, computed on demand and
+    cached), so a copy under any name or identity is judged as the program it copies. Copies
+    themselves are found per exec, never listed here.
+    """
+
     names: set[bytes] = field(default_factory=set)
     files: set[FileId] = field(default_factory=set)
     # (dev, ino) -> the rule names that file answers to
     aliases: dict[FileId, tuple[str, ...]] = field(default_factory=dict)
     # the folders where a change can give a rule-named path another file (to watch)
     folders: set[str] = field(default_factory=set)
+    contents: ContentIndex = field(default_factory=ContentIndex)
 
     def encode(self, *, ask_always: bool = False) -> bytes:
         hashes = sorted({fnv1a64(name) for name in self.names})
         files = sorted(self.files)
+        sizes = sorted(self.contents.sizes)
         names_offset = _HEADER.size
         files_offset = names_offset + 8 * len(hashes)
+        sizes_offset = files_offset + 16 * len(files)
         header = _HEADER.pack(
             MAGIC,
             ASK_ALWAYS if ask_always else 0,
             len(hashes),
             len(files),
-            0,
+            len(sizes),
             names_offset,
             files_offset,
+            sizes_offset,
         )
         body = struct.pack(f"<{len(hashes)}Q", *hashes)
         body += b"".join(struct.pack("<QQ", dev, ino) for dev, ino in files)
+        body += struct.pack(f"<{len(sizes)}Q", *sizes)
         return header + body
 
 
@@ -92,6 +113,7 @@ def build_snapshot(
     dirs = list(dict.fromkeys([d for d in search_path.split(":") if d.startswith("/")]))
     dirs += [d for d in STANDARD_DIRS if d not in dirs]
     aliases: dict[FileId, set[str]] = {}
+    contents: dict[str, set[str]] = {}  # path -> rule names, for the content index
 
     def record(path: str, name: str) -> None:
         snapshot.folders.add(posixpath.dirname(path))
@@ -100,6 +122,7 @@ def build_snapshot(
             snapshot.folders.add(posixpath.dirname(os.path.realpath(path)))
             snapshot.files.add(file_id)
             aliases.setdefault(file_id, set()).add(name)
+            contents.setdefault(path, set()).add(name)
 
     for token in first_tokens:
         snapshot.names.add(os.fsencode(token))
@@ -122,7 +145,10 @@ def build_snapshot(
             file_id = _stat_id(real)
             if file_id is not None:
                 snapshot.files.add(file_id)
+                # a copy of the loader is a loader (program.is_loader reads these names)
+                contents.setdefault(real, set()).update((loader, real))
     snapshot.aliases = {k: tuple(sorted(v)) for k, v in aliases.items()}
+    snapshot.contents = build_index((path, tuple(n)) for path, n in contents.items())
     return snapshot
 
 

@@ -7,8 +7,8 @@ One module per concern:
 * :mod:`.elicitation` -- questions to humans: elicitation (both protocol generations), the
   approvals registry, timeouts;
 * :mod:`.control` -- the control socket ``execgate approvals`` talks to;
-* :mod:`.reload` -- rules hot reload;
-* :mod:`.server` -- the MCP server wiring (SDK low-level server, stdio).
+* :mod:`.server` -- the MCP server wiring (SDK low-level server, stdio); rules hot reload is
+  :mod:`execgate.gate.reload`, shared with ``execgate run``.
 
 See docs/mcp.md.
 """

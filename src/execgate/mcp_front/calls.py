@@ -1,6 +1,7 @@
 """One ``shell`` tool call: its session, its shell, its output, its timeout.
 
-A :class:`ShellCall` runs in a task of its own, independent of the MCP request that started it:
+A :class:`ShellCall` runs in a task of its own in the server's task group, independent of the
+MCP request that started it:
 under the 2026-07-28 protocol the request returns while an exec waits for approval, and a later
 request (the client's retry) picks the call up again. The call ends when the shell exits, when
 its :class:`Stopwatch` runs out, or when it is aborted (request cancelled, server closing, an
@@ -18,23 +19,30 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+import anyio
+import anyio.abc
 
 from execgate.decisionlog import DecisionLog
 from execgate.errors import ExecgateError
-from execgate.gate.escalation import Asker, EscalationPolicy
-from execgate.gate.livepolicy import LivePolicy
-from execgate.gate.network import NetworkSettings
-from execgate.gate.session import EscalationSession, SessionDenied, SessionReserve
+from execgate.gate.escalation import Asker, Verdict
+from execgate.gate.session import (
+    EscalationSession,
+    SessionCaller,
+    SessionConfig,
+    SessionDenied,
+    SessionReserve,
+)
 from execgate.mcp_front.elicitation import InputRequests
+from execgate.mcp_front.stopwatch import Stopwatch
 from execgate.mcp_front.tool import (
     TIMEOUT_EXIT_CODE,
     OutputCapture,
     ShellArgs,
     ShellOutcome,
 )
-from execgate.sandbox import SandboxSpec
 
 log = logging.getLogger("execgate.mcp")
 
@@ -47,80 +55,27 @@ _READ_SIZE = 1 << 16
 _call_ids = itertools.count(1)
 
 
-class Stopwatch:
-    """A countdown that stands still while a human is being asked.
-
-    Pauses are reference counted: overlapping questions pause it once, and it runs again when
-    the last one is answered (resuming at count 0 does nothing). Time spent paused never counts,
-    before or after.
-    """
-
-    def __init__(self, limit: float) -> None:
-        self.limit = limit
-        self._banked = 0.0
-        self._since: float | None = time.monotonic()
-        self._pauses = 0
-        self._changed = asyncio.Event()
-
-    @property
-    def paused(self) -> bool:
-        return self._pauses > 0
-
-    def elapsed(self) -> float:
-        running = time.monotonic() - self._since if self._since is not None else 0.0
-        return self._banked + running
-
-    def pause(self) -> None:
-        if self._pauses == 0 and self._since is not None:
-            self._banked += time.monotonic() - self._since
-            self._since = None
-        self._pauses += 1
-        self._changed.set()
-
-    def resume(self) -> None:
-        if self._pauses == 0:
-            return
-        self._pauses -= 1
-        if self._pauses == 0:
-            self._since = time.monotonic()
-            self._changed.set()
-
-    async def expired(self) -> None:
-        """Return once the running time reaches the limit."""
-        while True:
-            self._changed.clear()
-            if self._pauses:
-                await self._changed.wait()
-                continue
-            remaining = self.limit - self.elapsed()
-            if remaining <= 0:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
-
-
 @dataclass(frozen=True)
 class CallSetup:
-    """What a call needs from the server to open its session."""
+    """What a call needs from the server: its session's configuration (one value, passed to
+    the reserve as is) and how to start its shell."""
 
-    live: LivePolicy
-    escalation: EscalationPolicy
-    sandbox: SandboxSpec | None
+    session: SessionConfig
     shell: str
-    base_env: Mapping[str, str]
-    gate_escalated: bool
-    approval_timeout: float  # the session's own backstop; questions time out in the registry
-    decisions: DecisionLog | None = None
-    clean_escalated_env: tuple[str, ...] = ()
-    reserve: SessionReserve = field(default_factory=SessionReserve)
-    network: NetworkSettings | None = None
+    reserve: SessionReserve
+    decisions: DecisionLog | None = None  # the front end's log (every call's decisions)
+
+    @property
+    def base_env(self) -> Mapping[str, str]:
+        return self.session.base_env or {}
 
 
 OutputListener = Callable[[bytes], None]
 
 
 class ShellCall:
-    """Create, then :meth:`start`; the outcome comes from :meth:`wait` (or :attr:`outcome`)."""
+    """Create, then :meth:`start` in a task group; the outcome comes from :meth:`wait` (or
+    :attr:`outcome`)."""
 
     def __init__(self, setup: CallSetup, args: ShellArgs) -> None:
         self.id = next(_call_ids)
@@ -137,15 +92,16 @@ class ShellCall:
         #: to hand to the client, the outcome).
         self.changed = asyncio.Event()
         self._listeners: list[OutputListener] = []
-        self._abort = asyncio.Event()
+        self._scope = anyio.CancelScope()  # the whole call: abort() cancels it
         self._started = time.monotonic()
-        self._task: asyncio.Task[None] | None = None
-        self._done = asyncio.Event()
+        self._running = False
+        self._done = anyio.Event()
 
     # -- life cycle ---------------------------------------------------------------------------
 
-    def start(self, asker: Asker) -> None:
-        self._task = asyncio.ensure_future(self._run(asker))
+    def start(self, tasks: anyio.abc.TaskGroup, asker: Asker) -> None:
+        self._running = True
+        tasks.start_soon(self._run, asker)
 
     @property
     def finished(self) -> bool:
@@ -156,11 +112,11 @@ class ShellCall:
 
     async def abort(self) -> None:
         """Stop the call (its whole process tree) and wait until it is gone."""
-        self._abort.set()
-        if self._task is None:
+        self._scope.cancel()
+        if not self._running:
             self._done.set()
-            return
-        await asyncio.shield(self._task)
+        with anyio.CancelScope(shield=True):
+            await self._done.wait()
 
     def notify(self) -> None:
         self.changed.set()
@@ -178,65 +134,54 @@ class ShellCall:
 
     # -- the run --------------------------------------------------------------------------------
 
-    def _on_ask(self, asking: bool) -> None:
-        if asking:
-            self.stopwatch.pause()
-        else:
-            self.stopwatch.resume()
-
     async def _run(self, asker: Asker) -> None:
         exit_code = 0
-        timed_out = False
+        timed_out = started = False
         session: EscalationSession | None = None
         devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-        reader = _PipeReader(read_fd, self._output)
+        reader = PipeReader(read_fd, self._output)
         try:
-            session = await self.setup.reserve.take(
-                live=self.setup.live,
-                escalation=self.setup.escalation,
-                sandbox=self.setup.sandbox,
-                base_env=self.setup.base_env,
-                gate_escalated=self.setup.gate_escalated,
-                clean_escalated_env=self.setup.clean_escalated_env,
-                approval_timeout=self.setup.approval_timeout,
-                new_process_session=True,
-                network=self.setup.network,
-            )
-            session.asker, session.on_ask = asker, self._on_ask
-            session.decisions, session.call = self.setup.decisions, self.id
-            env = {**self.setup.base_env, "PWD": self.args.workdir}
-            starting = asyncio.ensure_future(
-                session.start(
-                    self.argv,
-                    cwd=self.args.workdir,
-                    env=env,
-                    stdio={0: devnull, 1: write_fd, 2: write_fd},
+            with self._scope:
+                caller = SessionCaller(
+                    asker, self.stopwatch.asking, decisions=self.setup.decisions, call=self.id
                 )
-            )
-            aborting = asyncio.ensure_future(self._abort.wait())
-            try:
-                await asyncio.wait({starting, aborting}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                aborting.cancel()
-            if not starting.done():  # aborted while the shell itself waited for approval
-                starting.cancel()
-                exit_code = 128 + signal.SIGKILL
-                with contextlib.suppress(asyncio.CancelledError, ExecgateError):
-                    await starting
-            else:
+                session = await self.setup.reserve.take(self.setup.session, caller)
+                env = {**self.setup.base_env, "PWD": self.args.workdir}
                 try:
-                    process = starting.result()
+                    process = await session.start(
+                        self.argv,
+                        cwd=self.args.workdir,
+                        env=env,
+                        stdio={0: devnull, 1: write_fd, 2: write_fd},
+                    )
                 except SessionDenied as denied:
                     self._output(denied.message.encode() + b"\n")
                     exit_code = 126
                 else:
+                    started = True
                     os.close(write_fd)
                     write_fd = -1
-                    exit_code, timed_out, stopped = await self._supervise(process.wait())
-                    if stopped:
+                    with anyio.CancelScope() as timer:
+                        self.stopwatch.attach(timer)
+                        status = await process.wait()
+                        code = os.waitstatus_to_exitcode(status)
+                        exit_code = 128 - code if code < 0 else code
+                    self.stopwatch.attach(None)
+                    if timer.cancelled_caught:
+                        log.info(
+                            "tool call %d timed out after %d ms of running time; stopping it",
+                            self.id,
+                            self.args.timeout_ms,
+                        )
+                        exit_code, timed_out = TIMEOUT_EXIT_CODE, True
                         # The output so far: not what the processes say while being killed.
                         reader.freeze()
+            if self._scope.cancelled_caught:
+                log.info("tool call %d aborted; stopping it", self.id)
+                exit_code = 128 + signal.SIGKILL
+                if started:
+                    reader.freeze()
         except ExecgateError as exc:
             self.error = f"cannot run the command: {exc}"
             log.warning("tool call %d: %s", self.id, self.error)
@@ -244,13 +189,14 @@ class ShellCall:
             self.error = f"cannot run the command: internal error: {type(exc).__name__}: {exc}"
             log.exception("tool call %d failed", self.id)
         finally:
-            for fd in (devnull, write_fd):
-                if fd >= 0:
-                    os.close(fd)
-            if session is not None:
-                with contextlib.suppress(Exception):
-                    await session.aclose(STOP_GRACE)
-            await reader.drain(_DRAIN_LIMIT)
+            with anyio.CancelScope(shield=True):
+                for fd in (devnull, write_fd):
+                    if fd >= 0:
+                        os.close(fd)
+                if session is not None:
+                    with contextlib.suppress(Exception):
+                        await session.aclose(STOP_GRACE)
+                await reader.drain(_DRAIN_LIMIT)
             self.outcome = ShellOutcome(
                 exit_code=exit_code,
                 output=self.capture.text(),
@@ -259,44 +205,28 @@ class ShellCall:
                 truncated_bytes=self.capture.truncated_bytes,
             )
             log.info(
-                "tool call %d ended: exit %d%s, %d bytes of output, %.3f s",
+                "tool call %d ended: exit %d%s, %d bytes of output, %.3f s%s",
                 self.id,
                 exit_code,
                 " (timed out)" if timed_out else "",
                 self.capture.total,
                 self.outcome.duration,
+                _decision_counts(session),
             )
             self._done.set()
             self.changed.set()
 
-    async def _supervise(self, waiting: Awaitable[int]) -> tuple[int, bool, bool]:
-        """Wait for the shell, its timeout, or an abort; return (exit code, timed out, stopped
-        by us)."""
-        exited = asyncio.ensure_future(waiting)
-        expiry = asyncio.ensure_future(self.stopwatch.expired())
-        aborting = asyncio.ensure_future(self._abort.wait())
-        try:
-            await asyncio.wait({exited, expiry, aborting}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (expiry, aborting):
-                task.cancel()
-        if exited.done():
-            status = exited.result()
-            code = os.waitstatus_to_exitcode(status)
-            return (128 - code if code < 0 else code), False, False
-        exited.cancel()
-        if expiry.done():
-            log.info(
-                "tool call %d timed out after %d ms of running time; stopping it",
-                self.id,
-                self.args.timeout_ms,
-            )
-            return TIMEOUT_EXIT_CODE, True, True
-        log.info("tool call %d aborted; stopping it", self.id)
-        return 128 + signal.SIGKILL, False, True
+
+def _decision_counts(session: EscalationSession | None) -> str:
+    """``", 3 escalated, 1 denied"``: what a call's execs came to (per-exec lines are DEBUG)."""
+    if session is None:
+        return ""
+    counts = session.verdicts
+    shown = [(counts[Verdict.ESCALATE], "escalated"), (counts[Verdict.DENY], "denied")]
+    return "".join(f", {n} {what}" for n, what in shown if n)
 
 
-class _PipeReader:
+class PipeReader:
     """Reads a pipe on the event loop, handing every chunk to ``sink``, until EOF."""
 
     def __init__(self, fd: int, sink: Callable[[bytes], None]) -> None:
@@ -359,7 +289,7 @@ class ProgressPump:
         self._sent_text = 0
         self._sent_total = 0
         self._ready = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._scope = anyio.CancelScope()
 
     def feed(self, data: bytes) -> None:
         self._total += len(data)
@@ -368,14 +298,22 @@ class ProgressPump:
             self._pending_size += len(data)
         self._ready.set()
 
-    def start(self) -> None:
-        self._task = asyncio.ensure_future(self._pump())
+    @contextlib.asynccontextmanager
+    async def streaming(self) -> AsyncIterator[ProgressPump]:
+        """Send notifications while in the block (:meth:`finish` sends the last one)."""
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._run)
+            try:
+                yield self
+            finally:
+                self._scope.cancel()
 
-    async def _pump(self) -> None:
-        while True:
-            await self._ready.wait()
-            await self._flush()
-            await asyncio.sleep(self.INTERVAL)  # rate limit, not synchronisation
+    async def _run(self) -> None:
+        with self._scope:
+            while True:
+                await self._ready.wait()
+                await self._flush()
+                await anyio.sleep(self.INTERVAL)  # rate limit, not synchronisation
 
     async def _flush(self) -> None:
         self._ready.clear()
@@ -391,10 +329,7 @@ class ProgressPump:
         with contextlib.suppress(Exception):
             await self._send(float(self._total), text or None)
 
-    async def stop(self, *, flush: bool) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if flush:
-            await self._flush()
+    async def finish(self) -> None:
+        """Stop streaming and send what is left."""
+        self._scope.cancel()
+        await self._flush()

@@ -88,7 +88,14 @@ class ControlServer:
         text = json.dumps({"pid": pid, "socket": str(path), **self._info()})
         write_atomically(descriptor, (text + "\n").encode("utf-8"))
         self._descriptor = descriptor
-        log.info("approvals control socket: %s", path)
+        if folder.parent != paths.execgate_home():
+            log.warning(
+                "%s is not usable; the approvals control socket is %s",
+                paths.execgate_home() / "control",
+                path,
+            )
+        else:
+            log.info("approvals control socket: %s", path)
 
     async def aclose(self) -> None:
         if self._server is not None:

@@ -15,19 +15,19 @@ Each tool call is a :class:`~execgate.mcp_front.calls.ShellCall` with its own
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import secrets
 import signal
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
@@ -40,11 +40,27 @@ from pydantic import ConfigDict
 from execgate import __version__
 from execgate.config import Config
 from execgate.decisionlog import DecisionLog
+from execgate.decisionlog.recorder import permission_entry
 from execgate.errors import ExecgateError
-from execgate.gate.escalation import Asker
+from execgate.gate.escalation import (
+    Answer,
+    Approval,
+    ApprovalRequest,
+    Asker,
+    Judgement,
+    Verdict,
+)
 from execgate.gate.livepolicy import GatePolicy, PolicyLoad, PolicySource
 from execgate.gate.network import NetworkSettings, default_for
-from execgate.gate.session import SessionReserve, log_escalations
+from execgate.gate.reload import Loaded, PolicyReloader
+from execgate.gate.session import (
+    SessionConfig,
+    SessionReserve,
+    describe_exec,
+    log_escalations,
+)
+from execgate.gate.skills import skill_scripts
+from execgate.mcp_front import permissions, unified_tool
 from execgate.mcp_front.calls import CallSetup, ProgressPump, ShellCall
 from execgate.mcp_front.control import ControlServer
 from execgate.mcp_front.elicitation import (
@@ -58,17 +74,20 @@ from execgate.mcp_front.elicitation import (
     elicit_request,
 )
 from execgate.mcp_front.malformed import AnsweringMalformed
-from execgate.mcp_front.reload import Loaded, PolicyReloader
 from execgate.mcp_front.tool import (
     TOOL_NAME,
+    ShellOutcome,
     ToolArgumentError,
     error_result,
     parse_arguments,
     tool_definition,
     tool_result,
 )
+from execgate.mcp_front.unified import ProcessStore, UnifiedError, UnifiedProcess
+from execgate.policy import Decision
 from execgate.sandbox import SandboxSpec, spec_from_codex_policy
 from execgate.sandbox.codex import CodexPolicyError
+from execgate.visible import visible
 
 log = logging.getLogger("execgate.mcp")
 
@@ -107,6 +126,7 @@ class McpOptions:
     elicitation: str = "auto"
     reload_interval: float = 1.0
     cwd: Path = field(default_factory=Path.cwd)
+    tools: tuple[str, ...] = ("shell",)  # which of config.MCP_TOOLS to offer
 
 
 # -- the policy and what follows from it ---------------------------------------------------------
@@ -123,6 +143,7 @@ class PolicyState:
             search_path=os.environ.get("PATH", os.defpath),
             ask_always=options.audit is not None,
             on_prompt_deny=options.on_prompt_deny,
+            skills=skill_scripts(options.config),
         )
         self.reloader = PolicyReloader(
             self._load, self._apply, first.watch_paths, interval=options.reload_interval
@@ -152,13 +173,20 @@ class _RawParams(types.RequestParams):
 @dataclass
 class _Parked:
     call: ShellCall
-    expiry: asyncio.TimerHandle
+    expiry: anyio.CancelScope  # cancelled when the client comes back
 
 
 @dataclass(frozen=True)
 class _CodexSandbox:
     policy: dict[str, Any]
     cwd: Path
+
+
+def _answer_source(by: str) -> str:
+    """Who answered a question, as the decision log names it."""
+    if by == "execgate":
+        return "unanswered"
+    return "approvals" if by.startswith("execgate approvals") else "elicitation"
 
 
 def _can_elicit(capabilities: types.ClientCapabilities | None) -> bool:
@@ -176,12 +204,16 @@ class McpFrontEnd:
         self.registry = ApprovalRegistry(options.approval_timeout)
         self.control = ControlServer(self.registry, self._info, self._revoke)
         self.calls: set[ShellCall] = set()
+        self.processes = ProcessStore()  # unified exec
+        self._permission_ids = itertools.count(1)
+        #: Permission requests approved "for this session" (PermissionRequest.session_key).
+        self._granted: set[tuple[object, ...]] = set()
         self.parked: dict[str, _Parked] = {}
         self.codex_sandbox: _CodexSandbox | None = None
         # A parked call (2026-07-28 flow) whose client never comes back is stopped after this.
         self.abandon_after = 2 * options.approval_timeout
         self._started = time.time()
-        self._background: set[asyncio.Future[None]] = set()
+        self._tasks: anyio.abc.TaskGroup | None = None  # calls and timers; serve_stdio's
         self.server: Server[Any] = Server(
             SERVER_NAME,
             version=__version__,
@@ -218,26 +250,34 @@ class McpFrontEnd:
 
     # -- serving ----------------------------------------------------------------------------
 
+    @property
+    def tasks(self) -> anyio.abc.TaskGroup:
+        assert self._tasks is not None, "not serving"
+        return self._tasks
+
     async def serve_stdio(self) -> None:
         await self.control.start()
-        watcher = asyncio.ensure_future(self.state.reloader.run())
         try:
-            async with stdio_server() as (read_stream, write_stream):
-                await self.server.run(
-                    AnsweringMalformed(read_stream, write_stream),
-                    write_stream,
-                    self.server.create_initialization_options(
-                        experimental_capabilities=SANDBOX_STATE_CAPABILITY
-                    ),
-                )
+            async with self.sessions.running(), anyio.create_task_group() as tasks:
+                self._tasks = tasks
+                tasks.start_soon(self.state.reloader.run)
+                try:
+                    async with stdio_server() as (read_stream, write_stream):
+                        await self.server.run(
+                            AnsweringMalformed(read_stream, write_stream),
+                            write_stream,
+                            self.server.create_initialization_options(
+                                experimental_capabilities=SANDBOX_STATE_CAPABILITY
+                            ),
+                        )
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self.aclose()
+                    tasks.cancel_scope.cancel()
         except* (BrokenPipeError, ConnectionResetError):
             # The client went away while we still had something to say (an elicitation, a
             # result): the end of the connection, not an error.
             log.info("the MCP client is gone")
-        finally:
-            watcher.cancel()
-            with anyio.CancelScope(shield=True):
-                await self.aclose()
 
     async def aclose(self) -> None:
         """Stop every call (killing what they started) and close the control socket."""
@@ -247,7 +287,10 @@ class McpFrontEnd:
         calls = list(self.calls)
         if calls:
             log.info("stopping %d running tool call(s)", len(calls))
-        await asyncio.gather(*(call.abort() for call in calls), return_exceptions=True)
+        async with anyio.create_task_group() as stopping:
+            stopping.start_soon(self.processes.aclose)
+            for call in calls:
+                stopping.start_soon(call.abort)
         self.calls.clear()
         await self.sessions.aclose()
         await self.control.aclose()
@@ -259,7 +302,9 @@ class McpFrontEnd:
     async def _list_tools(
         self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[tool_definition()])
+        extra = permissions.SCHEMA_PROPERTIES
+        offered = [tool_definition(extra), *unified_tool.tool_definitions(extra)]
+        return types.ListToolsResult(tools=[t for t in offered if t.name in self.options.tools])
 
     async def _sandbox_state(self, ctx: Context, params: _RawParams) -> dict[str, Any]:
         raw = dict(params.model_extra or {})
@@ -288,8 +333,13 @@ class McpFrontEnd:
     async def _call_tool(
         self, ctx: Context, params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
-        if params.name != TOOL_NAME:
+        if params.name not in self.options.tools:
             raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name}")
+        if params.name == unified_tool.EXEC_TOOL:
+            return await self._exec_command(ctx, params)
+        if params.name == unified_tool.WRITE_TOOL:
+            return await self._write_stdin(ctx, params)
+        assert params.name == TOOL_NAME
         if params.request_state is not None:
             call = self._resume(params.request_state)
             if call is None:
@@ -310,19 +360,23 @@ class McpFrontEnd:
             sandbox = self._sandbox_for(ctx)
         except ExecgateError as exc:
             return error_result(f"shell: cannot set up the sandbox: {exc}")
+        started = time.monotonic()
+        argv = [self.options.shell, "-lc" if args.login else "-c", args.command]
+        try:
+            allowed, denial = await self._permitted(ctx, params, argv, args.workdir, sandbox)
+        except ToolArgumentError as exc:
+            return error_result(f"shell: {exc}")
+        except ExecgateError as exc:
+            return error_result(f"shell: cannot run the command: {exc}")
+        if denial is not None:
+            return tool_result(
+                ShellOutcome(126, denial + "\n", time.monotonic() - started, timed_out=False)
+            )
         setup = CallSetup(
-            live=self.state.gate.live,
-            escalation=self.state.gate.escalation,
-            sandbox=sandbox,
+            session=self._session_config(allowed),
             shell=self.options.shell,
-            base_env=dict(os.environ),
-            gate_escalated=self.options.config.gate_escalated,
-            clean_escalated_env=self.options.config.clean_escalated_env,
-            # The registry times questions out; the session's own limit is only a backstop.
-            approval_timeout=self.options.approval_timeout + 10,
             decisions=self.options.decisions,
             reserve=self.sessions,
-            network=self.network,
         )
         call = ShellCall(setup, args)
         channel = self._channel(ctx, call)
@@ -337,11 +391,243 @@ class McpFrontEnd:
             args.workdir,
             args.timeout_ms,
             "login shell" if args.login else "non-login shell",
-            sandbox.describe() if sandbox else "off",
+            allowed.describe() if allowed else "off",
         )
         self.calls.add(call)
-        call.start(asker)
+        call.start(self.tasks, asker)
         return await self._drive(ctx, call)
+
+    # -- unified exec ------------------------------------------------------------------------
+
+    async def _exec_command(
+        self, ctx: Context, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        name = unified_tool.EXEC_TOOL
+        await self.state.reloader.check()
+        try:
+            args = unified_tool.parse_exec_arguments(
+                params.arguments,
+                default_workdir=str(self.options.cwd),
+                default_shell=self.options.shell,
+            )
+            sandbox = self._sandbox_for(ctx)
+        except ToolArgumentError as exc:
+            return error_result(f"{name}: {exc}")
+        except ExecgateError as exc:
+            return error_result(f"{name}: cannot set up the sandbox: {exc}")
+        started = time.monotonic()
+        try:
+            allowed, denial = await self._permitted(ctx, params, args.argv, args.workdir, sandbox)
+            await self.processes.make_room()
+        except (ToolArgumentError, UnifiedError) as exc:
+            return error_result(f"{name}: {exc}")
+        except ExecgateError as exc:
+            return error_result(f"{name}: cannot run the command: {exc}")
+        if denial is not None:
+            text = denial + "\n"
+            return unified_tool.exec_result(
+                unified_tool.ExecOutput(
+                    output=text,
+                    wall_time=time.monotonic() - started,
+                    exit_code=126,
+                    session_id=None,
+                    original_tokens=len(text) // unified_tool.BYTES_PER_TOKEN,
+                )
+            )
+        setup = CallSetup(
+            session=self._session_config(allowed),
+            shell=args.shell,
+            decisions=self.options.decisions,
+            reserve=self.sessions,
+        )
+        process = UnifiedProcess(setup, args)
+        process.context = ctx
+        asker: Asker = CallAsker(
+            self.registry,
+            CallInfo(process.id, args.cmd, args.workdir),
+            self._unified_channel(ctx, process),
+        )
+        asker = self.state.gate.approvals.recording(asker)
+        log.info(
+            "unified exec %d: %s in %s (%s, yield %d ms, sandbox %s)",
+            process.id,
+            args.cmd if len(args.cmd) < 200 else args.cmd[:200] + "…",
+            args.workdir,
+            "tty" if args.tty else "pipes",
+            args.yield_ms,
+            allowed.describe() if allowed else "off",
+        )
+        self.processes.add(process)
+        process.start(self.tasks, asker)
+        return await self._interact(name, process, "", args.yield_ms, args.max_output_tokens)
+
+    async def _write_stdin(
+        self, ctx: Context, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        name = unified_tool.WRITE_TOOL
+        try:
+            args = unified_tool.parse_write_arguments(params.arguments)
+            process = self.processes.get(args.session_id)
+        except (ToolArgumentError, UnifiedError) as exc:
+            return error_result(f"{name}: {exc}")
+        process.context = ctx
+        return await self._interact(
+            name, process, args.chars, args.yield_ms, args.max_output_tokens
+        )
+
+    async def _interact(
+        self, name: str, process: UnifiedProcess, chars: str, yield_ms: int, max_tokens: int
+    ) -> types.CallToolResult:
+        result = await process.interact(chars, yield_ms, max_tokens)
+        if result.exit_code is None:
+            return unified_tool.exec_result(result)
+        self.processes.forget(process)  # its exit is reported: the session id ends here
+        if process.error is not None:
+            return error_result(f"{name}: {process.error}")
+        return unified_tool.exec_result(result)
+
+    # -- permission requests -------------------------------------------------------------------
+
+    async def _permitted(
+        self,
+        ctx: Context,
+        params: types.CallToolRequestParams,
+        argv: list[str],
+        workdir: str,
+        sandbox: SandboxSpec,
+    ) -> tuple[SandboxSpec | None, str | None]:
+        """The call's permission request, if any, put to the human: the sandbox the call runs
+        in, or the denial line when it may not run. ``ToolArgumentError``: a malformed or
+        refused request (a banned ``prefix_rule``)."""
+        command = argv[-1]
+        request = permissions.parse_permissions(params.arguments, command, workdir=workdir)
+        denial = await self._sourced_skills(ctx, argv, workdir)
+        if denial is not None or request is None:
+            return sandbox, denial
+        exec_ = describe_exec(argv[0], argv, cwd=workdir, via="permission request")
+        judgement = Judgement(Decision.PROMPT, list(argv), None)
+        question = ApprovalRequest(
+            id=f"p{next(self._permission_ids)}",
+            exec=exec_,
+            judgement=judgement,
+            prefix=request.prefix_rule,
+            offer_always=bool(request.prefix_rule)
+            and self.state.gate.approvals.can_record(judgement),
+            purpose=request.purpose(),
+        )
+        log.info("%s: permission request: %s", params.name, question.purpose)
+        key = request.session_key(command)
+        granted = False
+        if self.options.on_prompt_deny:
+            approval = Approval(
+                Answer.DENY,
+                "prompts are set to deny (--on-prompt deny), and a permission request "
+                "needs a human's answer; run the command without sandbox_permissions",
+                "execgate",
+            )
+        elif key in self._granted:
+            granted = True
+            approval = Approval(Answer.ALLOW_SESSION, "approved for this session", "execgate")
+        else:
+            asker = self.state.gate.approvals.recording(
+                CallAsker(
+                    self.registry,
+                    CallInfo(0, command, workdir),
+                    self._direct_channel(ctx),
+                )
+            )
+            approval = await asker.ask(question)
+        if self.options.decisions is not None:
+            self.options.decisions.record(
+                permission_entry(
+                    call=None,
+                    permission=request.mode,
+                    detail={
+                        "command": visible(command, 2000),
+                        "justification": request.justification or "",
+                        "writable_roots": [str(r) for r in request.writable_roots],
+                        "network": request.network,
+                        "prefix_rule": list(request.prefix_rule),
+                    },
+                    decision="deny" if approval.answer == Answer.DENY else "allow",
+                    source="grant" if granted else _answer_source(approval.by),
+                    answer=None if granted else approval.answer.value,
+                    answered_by=None if granted else _answer_source(approval.by),
+                    reason=approval.reason,
+                )
+            )
+        log.info("%s: permission request %s by %s", params.name, approval.answer.value, approval.by)
+        if approval.answer == Answer.DENY:
+            reason = approval.reason or "declined by the user"
+            return None, (
+                f"execgate: denied: permission request ({request.mode}) for "
+                f"`{visible(command, 200)}`: {visible(reason, 1000)}"
+            )
+        if approval.answer in (Answer.ALLOW_SESSION, Answer.ALLOW_ALWAYS):
+            self._granted.add(key)
+        return permissions.widened(sandbox, request), None
+
+    async def _sourced_skills(self, ctx: Context, argv: list[str], workdir: str) -> str | None:
+        """Skill scripts the command line sources (no exec the gate sees) ask like executed
+        ones; the denial line if one is denied."""
+        gate = self.state.gate
+        skills = gate.live.skills
+        if skills is None:
+            return None
+        for script in skills.sourced_by(argv[-1], workdir):
+            if script in gate.escalation.approved_skill_scripts:
+                continue
+            exec_ = describe_exec(argv[0], argv, cwd=workdir, via="source")
+            question = ApprovalRequest(
+                id=f"s{next(self._permission_ids)}",
+                exec=exec_,
+                judgement=Judgement(Decision.PROMPT, ["source", script], None),
+                prefix=(script,),
+                offer_always=False,
+                purpose=f"skill script `{visible(script, 500)}` is sourced by the command "
+                "(skill scripts always ask)",
+                skill_script=script,
+            )
+            if self.options.on_prompt_deny:
+                approval = Approval(
+                    Answer.DENY,
+                    f"skill script {script} needs a human's approval; prompts are set to deny",
+                    "execgate",
+                )
+            else:
+                asker = CallAsker(
+                    self.registry, CallInfo(0, argv[-1], workdir), self._direct_channel(ctx)
+                )
+                approval = await asker.ask(question)
+            action = gate.escalation.resolve(question, approval, confined=True)
+            if action.verdict == Verdict.DENY:
+                return f"execgate: denied: source {visible(script, 500)}: {action.reason}"
+        return None
+
+    def _direct_channel(self, ctx: Context) -> Channel:
+        """Questions asked outside a running call: the client (mid-call elicitation) when it
+        can be asked that way, else `execgate approvals`."""
+        if not self._elicits(ctx) or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return NoElicitation(None)
+
+        async def elicit(message: str, schema: dict[str, Any]) -> types.ElicitResult:
+            return await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
+
+        return MidCallElicitation(elicit)
+
+    def _unified_channel(self, ctx: Context, process: UnifiedProcess) -> Channel:
+        """Questions of a unified process go to the client of the request that last
+        interacted with it (mid-call elicitation), else to `execgate approvals`."""
+        if not self._elicits(ctx) or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return NoElicitation(None)
+
+        async def elicit(message: str, schema: dict[str, Any]) -> types.ElicitResult:
+            latest: Context = process.context
+            return await latest.session.elicit_form(
+                message, schema, related_request_id=latest.request_id
+            )
+
+        return MidCallElicitation(elicit)
 
     # -- a call's life across requests ----------------------------------------------------------
 
@@ -392,7 +678,6 @@ class McpFrontEnd:
         cancelled (stop it)."""
         token = (ctx.meta or {}).get("progress_token")
         pump: ProgressPump | None = None
-        unlisten: Callable[[], None] | None = None
         if token is not None:
 
             async def send(progress: float, message: str | None) -> None:
@@ -406,16 +691,23 @@ class McpFrontEnd:
                 )
 
             pump = ProgressPump(send)
-            unlisten = call.listen(pump.feed)
-            pump.start()
+        async with contextlib.AsyncExitStack() as stack:
+            if pump is not None:
+                await stack.enter_async_context(pump.streaming())
+                stack.callback(call.listen(pump.feed))
+            return await self._follow(call, pump)
+        raise AssertionError("unreachable")  # mypy: the exit stack does not swallow
+
+    async def _follow(
+        self, call: ShellCall, pump: ProgressPump | None
+    ) -> types.CallToolResult | types.InputRequiredResult:
         parked = False
         try:
             while True:
                 call.changed.clear()
                 if call.finished:
                     if pump is not None:
-                        await pump.stop(flush=True)
-                        pump = None
+                        await pump.finish()
                     self.calls.discard(call)
                     if call.error is not None or call.outcome is None:
                         return error_result(f"shell: {call.error or 'the command did not run'}")
@@ -435,18 +727,12 @@ class McpFrontEnd:
                     await call.abort()
                 self.calls.discard(call)
             raise
-        finally:
-            if unlisten is not None:
-                unlisten()
-            if pump is not None:
-                with anyio.CancelScope(shield=True):
-                    await pump.stop(flush=False)
 
     def _park(self, call: ShellCall) -> str:
         token = secrets.token_urlsafe(24)
-        loop = asyncio.get_running_loop()
-        expiry = loop.call_later(self.abandon_after, self._abandon, token)
+        expiry = anyio.CancelScope()
         self.parked[token] = _Parked(call, expiry)
+        self.tasks.start_soon(self._abandon_later, token, expiry)
         log.info("tool call %d waits for the client to answer its approval request(s)", call.id)
         return token
 
@@ -457,7 +743,11 @@ class McpFrontEnd:
         parked.expiry.cancel()
         return parked.call
 
-    def _abandon(self, token: str) -> None:
+    async def _abandon_later(self, token: str, expiry: anyio.CancelScope) -> None:
+        with expiry:
+            await anyio.sleep(self.abandon_after)
+        if expiry.cancelled_caught:
+            return
         parked = self.parked.pop(token, None)
         if parked is None:
             return
@@ -467,14 +757,22 @@ class McpFrontEnd:
             call.id,
             self.abandon_after,
         )
+        await call.abort()
+        self.calls.discard(call)
 
-        async def stop() -> None:
-            await call.abort()
-            self.calls.discard(call)
-
-        task = asyncio.ensure_future(stop())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    def _session_config(self, sandbox: SandboxSpec | None) -> SessionConfig:
+        return SessionConfig(
+            live=self.state.gate.live,
+            escalation=self.state.gate.escalation,
+            sandbox=sandbox,
+            base_env=os.environ,
+            gate_escalated=self.options.config.gate_escalated,
+            clean_escalated_env=self.options.config.clean_escalated_env,
+            # The registry times questions out; the session's own limit is only a backstop.
+            approval_timeout=self.options.approval_timeout + 10,
+            new_process_session=True,
+            network=self.network,
+        )
 
     def _sandbox_for(self, ctx: Context) -> SandboxSpec:
         """The call's sandbox: the client's Codex sandbox state (per call in ``_meta``, or the
@@ -498,6 +796,9 @@ class McpFrontEnd:
                 "sandbox state: not writable, outside the workspace and --writable-root: %s",
                 ", ".join(map(str, dropped)),
             )
+        if self.options.sandbox.network_proxy and spec.confines and not spec.network:
+            # The client's "no network" is the configured one: through the proxy, by the rules.
+            spec = replace(spec, network_proxy=True)
         return spec
 
 
@@ -507,28 +808,18 @@ async def serve(options: McpOptions) -> None:
     state = PolicyState(options)
     log_escalations()
     front = McpFrontEnd(options, state)
-    loop = asyncio.get_running_loop()
-    main = asyncio.current_task()
-    assert main is not None
-    stopping = False
-    finishing: list[asyncio.Future[None]] = []
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(_stop_on_signals, front)
+        await front.serve_stdio()
+        tasks.cancel_scope.cancel()
 
-    def stop(signum: int) -> None:
-        nonlocal stopping
-        if stopping:
-            return
-        stopping = True
-        log.info("%s: stopping", signal.Signals(signum).name)
 
-        async def finish() -> None:
+async def _stop_on_signals(front: McpFrontEnd) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("%s: stopping", signal.Signals(signum).name)
             # The stdio reader thread may sit in a blocking read of stdin, which cannot be
             # interrupted: clean up here, then leave without waiting for it.
-            with contextlib.suppress(Exception):
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await front.aclose()
             os._exit(128 + signum)
-
-        finishing.append(asyncio.ensure_future(finish()))
-
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        loop.add_signal_handler(signum, stop, signum)
-    await front.serve_stdio()

@@ -87,11 +87,14 @@ OUTPUT_SCHEMA: Final[dict[str, Any]] = {
 }
 
 
-def tool_definition() -> types.Tool:
+def tool_definition(extra_properties: Mapping[str, Any] | None = None) -> types.Tool:
+    schema = INPUT_SCHEMA
+    if extra_properties:
+        schema = {**schema, "properties": {**schema["properties"], **extra_properties}}
     return types.Tool(
         name=TOOL_NAME,
         description=TOOL_DESCRIPTION,
-        input_schema=INPUT_SCHEMA,
+        input_schema=schema,
         output_schema=OUTPUT_SCHEMA,
     )
 
@@ -126,7 +129,7 @@ def parse_arguments(arguments: Mapping[str, Any] | None, *, default_login: bool)
         raise ToolArgumentError(
             "`command` is required and must be a string (the bash command to run)"
             if command is None
-            else f"`command` must be a string, got {_json_type(command)}"
+            else f"`command` must be a string, got {json_type(command)}"
         )
     size = len(command.encode("utf-8", "surrogatepass"))
     if size >= MAX_COMMAND_BYTES:
@@ -141,7 +144,7 @@ def parse_arguments(arguments: Mapping[str, Any] | None, *, default_login: bool)
             "`workdir` is required: the absolute path of the directory to run the command in"
         )
     if not isinstance(workdir, str):
-        raise ToolArgumentError(f"`workdir` must be a string, got {_json_type(workdir)}")
+        raise ToolArgumentError(f"`workdir` must be a string, got {json_type(workdir)}")
     if not os.path.isabs(workdir):
         raise ToolArgumentError(
             f"`workdir` must be an absolute path, got {workdir!r} (relative paths are not "
@@ -156,7 +159,7 @@ def parse_arguments(arguments: Mapping[str, Any] | None, *, default_login: bool)
         timeout_ms = DEFAULT_TIMEOUT_MS
     elif isinstance(timeout, bool) or not isinstance(timeout, int | float):
         raise ToolArgumentError(
-            f"`timeout_ms` must be a whole number of milliseconds, got {_json_type(timeout)}"
+            f"`timeout_ms` must be a whole number of milliseconds, got {json_type(timeout)}"
         )
     elif isinstance(timeout, float) and not (math.isfinite(timeout) and timeout.is_integer()):
         raise ToolArgumentError(
@@ -170,11 +173,11 @@ def parse_arguments(arguments: Mapping[str, Any] | None, *, default_login: bool)
     if login is None:
         login = default_login
     elif not isinstance(login, bool):
-        raise ToolArgumentError(f"`login` must be true or false, got {_json_type(login)}")
+        raise ToolArgumentError(f"`login` must be true or false, got {json_type(login)}")
     return ShellArgs(command=command, workdir=workdir, timeout_ms=timeout_ms, login=login)
 
 
-def _json_type(value: object) -> str:
+def json_type(value: object) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int | float):

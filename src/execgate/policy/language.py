@@ -431,8 +431,16 @@ class _FileEvaluation:
         return PolicyError(message, path=path, line=line, column=column)
 
 
-def _error_at(message: str, location: SourceLocation) -> PolicyError:
-    return PolicyError(message, path=location.path, line=location.line, column=location.column)
+def _error_at(
+    message: str, location: SourceLocation, *, readable: str | None = None
+) -> PolicyError:
+    return PolicyError(
+        message,
+        path=location.path,
+        line=location.line,
+        column=location.column,
+        readable=readable,
+    )
 
 
 def evaluate_rules_text(text: str, identifier: str) -> FileRules:
@@ -519,6 +527,9 @@ def check_examples(
                 f"expected example to not match rule `{debug_match(found[0])}`: "
                 f"{_render_example(example)}",
                 check.location,
+                readable=f"not_match example `{_render_example(example)}` matches this rule "
+                f"(prefix `{_render_example(found[0].matched_prefix)}`, "
+                f"{found[0].decision.value})",
             )
     unmatched = [
         _render_example(example)
@@ -526,11 +537,15 @@ def check_examples(
         if not policy.matches(example, resolve_host_executables=True)
     ]
     if unmatched:
+        patterns = ", ".join(f"`{rule.pattern_text()}`" for rule in rules)
         raise _error_at(
             "expected every example to match at least one rule. rules: "
             f"{rust_debug_str_list(debug_rule(rule) for rule in rules)}; "
             f"unmatched examples: {rust_debug_str_list(unmatched)}",
             check.location,
+            readable=f"match example{'s' if len(unmatched) > 1 else ''} "
+            f"{', '.join(f'`{e}`' for e in unmatched)} "
+            f"{'do' if len(unmatched) > 1 else 'does'} not match this rule ({patterns})",
         )
 
 

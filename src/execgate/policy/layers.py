@@ -1,7 +1,8 @@
 """Where rules come from, lowest layer first, and which projects are trusted.
 
-1. built-in default (``default.rules`` in this package), only when no other layer defines a
-   ``prefix_rule``;
+1. built-in default (``default.rules`` in this package), unless ``config.toml`` says
+   ``default_policy = false`` (rules of the user's own never switch it off: Codex writes a
+   rules file on "don't ask again", and that must not cost the protection);
 2. system: ``/etc/execgate/rules`` and Codex's ``/etc/codex/rules`` (see ``paths``);
 3. user: ``$EXECGATE_HOME/rules`` and Codex's ``$CODEX_HOME/rules``;
 4. project: ``<dir>/.execgate/rules`` and ``<dir>/.codex/rules`` for the repository root down to
@@ -150,7 +151,13 @@ def trusted_projects() -> list[Path]:
         return []
     except OSError as exc:
         raise PolicyError(f"cannot read the trust list: {exc.strerror}", path=str(where)) from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError(_not_utf8(exc), path=str(where)) from None
     return [Path(p) for p in _read_trusted(text, where)]
+
+
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    return f"not UTF-8 text (byte {exc.start}); fix or remove the file"
 
 
 def trusted_project_folders() -> list[Path]:
@@ -169,12 +176,19 @@ def is_trusted(directory: Path, trusted: list[Path] | None = None) -> bool:
 
 def _update_trust(directory: Path, add: bool) -> bool:
     where = trust_file()
-    make_private_dir(where.parent)
     target = str(_canonical(directory))
-    fd = open_private(where, os.O_RDWR | os.O_CREAT)
+    try:
+        make_private_dir(where.parent)
+        fd = open_private(where, os.O_RDWR | os.O_CREAT)
+    except OSError as exc:
+        raise PolicyError(f"cannot write the trust list: {exc.strerror}", path=str(where)) from None
     with os.fdopen(fd, "r+", encoding="utf-8") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        trusted = _read_trusted(handle.read(), where)
+        try:
+            text = handle.read()
+        except UnicodeDecodeError as exc:
+            raise PolicyError(_not_utf8(exc), path=str(where)) from None
+        trusted = _read_trusted(text, where)
         if (target in trusted) == add:
             return False
         trusted = [*trusted, target] if add else [t for t in trusted if t != target]
@@ -262,7 +276,7 @@ def load_layered_policy(
         for path in rules_files_in(source.path):
             files.append((RulesSource(source.layer, path), compile_rules_file(path, cache=store)))
             watch.append(path)
-    if not any(file_rules.rules for _, file_rules in files):
+    if config.default_policy:
         default = default_rules_path()
         compiled = compile_rules_text(
             default_rules_text(), str(default), cache=cacheable(default, store)

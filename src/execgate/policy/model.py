@@ -70,13 +70,25 @@ class PolicyError(ExecgateError):
         path: str | None = None,
         line: int | None = None,
         column: int | None = None,
+        readable: str | None = None,
     ) -> None:
         self.reason = message
         self.path = path
         self.line = line
         self.column = column
         where = ":".join(str(p) for p in (path, line, column) if p is not None)
-        super().__init__(f"{where}: {message}" if where else message)
+        #: Codex's words (``execgate check`` prints them, as ``codex execpolicy check`` does).
+        self.codex_text = f"{where}: {message}" if where else message
+        # Every other command says it in words meant for a person.
+        shown = readable or _readable(message)
+        super().__init__(f"{where}: {shown}" if where else shown)
+
+
+def _readable(message: str) -> str:
+    """Codex's message, with what a person needs to fix it added."""
+    if message.startswith("invalid decision: "):
+        return f"{message} (valid decisions: {', '.join(d.value for d in Decision)})"
+    return message
 
 
 class SourceLocation(NamedTuple):

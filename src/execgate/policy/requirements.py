@@ -27,20 +27,21 @@ import time
 import tomllib
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from typing import TYPE_CHECKING, Any
 
 from execgate import __version__, paths
 from execgate.files import make_private_dir, write_atomically
 from execgate.policy.model import Decision, PatternToken, PolicyError, PrefixRule, SourceLocation
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+# cryptography and urllib.request (http.client, ssl, email) are imported where a signed or
+# URL requirement needs them: every session imports this module, few use either.
 
 ON_ERROR_MODES = ("fail-closed", "fail-open")
 DEFAULT_TIMEOUT = 5.0
@@ -209,15 +210,22 @@ def _load_toml(path: Path) -> dict[str, Any] | None:
 def parse_public_key(value: str) -> Ed25519PublicKey:
     """An Ed25519 public key: PEM (``-----BEGIN PUBLIC KEY-----``) or the base64 of the
     32 raw bytes. Raises ``ValueError``."""
-    if value.lstrip().startswith("-----BEGIN"):
-        key = serialization.load_pem_public_key(value.strip().encode("ascii"))
-        if not isinstance(key, Ed25519PublicKey):
-            raise ValueError("not an Ed25519 key")
-        return key
-    raw = base64.b64decode(value.strip(), validate=True)
-    if len(raw) != 32:
-        raise ValueError("an Ed25519 key is 32 bytes")
-    return Ed25519PublicKey.from_public_bytes(raw)
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    try:
+        if value.lstrip().startswith("-----BEGIN"):
+            key = serialization.load_pem_public_key(value.strip().encode("ascii"))
+            if not isinstance(key, Ed25519PublicKey):
+                raise ValueError("not an Ed25519 key")
+            return key
+        raw = base64.b64decode(value.strip(), validate=True)
+        if len(raw) != 32:
+            raise ValueError("an Ed25519 key is 32 bytes")
+        return Ed25519PublicKey.from_public_bytes(raw)
+    except UnsupportedAlgorithm as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _positive(data: dict[str, Any], key: str, default: float, where: str) -> float:
@@ -256,7 +264,7 @@ def read_settings(path: Path | None = None) -> RequirementsSettings:
             if not isinstance(raw_key, str):
                 raise ValueError("not a string")
             public_key = parse_public_key(raw_key)
-        except (ValueError, UnsupportedAlgorithm) as exc:
+        except ValueError as exc:
             raise PolicyError(
                 "`requirements_public_key` must be an Ed25519 public key (PEM, or base64 of "
                 f"its 32 bytes): {exc}",
@@ -312,6 +320,8 @@ def _max_age(cache_control: str | None) -> float | None:
 def fetch_url(url: str, timeout: float, etag: str | None = None) -> Fetched:
     """GET ``url`` (conditionally, with ``If-None-Match`` when ``etag`` is given); the
     timeout bounds connecting and the whole download."""
+    import urllib.request
+
     deadline = time.monotonic() + timeout
     headers = {"User-Agent": f"execgate/{__version__}"}
     if etag:
@@ -393,6 +403,8 @@ def verify(key: Ed25519PublicKey, document: bytes, signature: bytes | None) -> N
     """Raise ``_Unverified`` unless ``signature`` is ``key``'s over exactly ``document``."""
     if signature is None:
         raise _Unverified("it is not signed")
+    from cryptography.exceptions import InvalidSignature
+
     try:
         key.verify(_decode_signature(signature), document)
     except InvalidSignature:

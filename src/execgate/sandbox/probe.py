@@ -3,6 +3,7 @@ enforces the sandbox, so the answer is the truth, not a guess)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shutil
@@ -58,7 +59,12 @@ class SandboxSupport:
         if self.mount_namespace is None:
             why = self.mount_namespace_error or "not available"
             carve_outs = spec.carve_outs()
-            if carve_outs:
+            if spec.standin_table is not None:  # every session's: named first
+                missing.append(
+                    f"a private mount namespace for the kernel exec backstop (stand-ins over "
+                    f"the programs rules name; {why}; unprivileged user namespaces are off here)"
+                )
+            elif carve_outs:
                 names = ", ".join(str(p) for p in carve_outs)
                 missing.append(
                     f"a private mount namespace to keep {names} read-only ({why}; "
@@ -76,6 +82,12 @@ class SandboxSupport:
                     "unprivileged user namespaces are off here)"
                 )
         return missing
+
+    @property
+    def exec_backstop(self) -> bool:
+        """Whether the kernel enforces the policy on execs the interposer does not see: the
+        stand-ins need a mount namespace, the ptrace/memfd rules seccomp."""
+        return self.mount_namespace is not None and self.seccomp
 
     @property
     def metadata_protected(self) -> bool:
@@ -164,22 +176,28 @@ def require_support(spec: SandboxSpec, support: SandboxSupport | None = None) ->
 def trial(spec: SandboxSpec) -> str | None:
     """Apply ``spec`` for real in a throwaway child of the launcher: None if that worked,
     else the launcher's error message. For workspace-write, a scratch writable root holding
-    a ``.git`` is added, so the mount-namespace path is exercised too."""
+    a ``.git`` is added, so the mount-namespace path is exercised too; a spec with a stand-in
+    table gets a scratch one (a stand-in mounted over a scratch program)."""
     if not spec.confines:
         return None
     with tempfile.TemporaryDirectory(prefix="execgate-trial-") as scratch:
         if spec.mode == "workspace-write":
             os.mkdir(os.path.join(scratch, ".git"), 0o700)
             root = Path(os.path.realpath(scratch))
-            spec = SandboxSpec(
-                mode=spec.mode,
+            spec = dataclasses.replace(
+                spec,
                 writable_roots=(*spec.writable_roots, root),
-                readonly_paths=spec.readonly_paths,
                 protected_names=tuple(dict.fromkeys((*spec.protected_names, ".git"))),
-                network=spec.network,
-                strict_exec=spec.strict_exec,
-                exec_dirs=spec.exec_dirs,
+                hidden_paths=(),
             )
+        if spec.standin_table is not None:
+            base = Path(os.path.realpath(scratch))
+            for name in ("program", "standin"):
+                (base / name).write_bytes(b"#!/bin/sh\n")
+                (base / name).chmod(0o755)
+            table = base / "standins.table"
+            table.write_bytes(b"%s\0%s\0" % (bytes(base / "standin"), bytes(base / "program")))
+            spec = dataclasses.replace(spec, standin_table=table)
         values = _run_probe(spec.launcher_args())
     if values.get("trial") == "ok":
         return None

@@ -72,6 +72,9 @@ class SandboxSpec:
     exec_dirs: tuple[Path, ...] = ()
     hidden_paths: tuple[Path, ...] = ()
     network_proxy: bool = False
+    # The session's stand-in table (gate/standins.py): the programs rules name are covered by
+    # stand-ins in every confined spawn (the kernel exec backstop).
+    standin_table: Path | None = None
 
     def __post_init__(self) -> None:
         if self.network and self.network_proxy:
@@ -105,6 +108,8 @@ class SandboxSpec:
             args += ["--readonly", str(path)]
         for path in self.hidden_paths:
             args += ["--hide", str(path)]
+        if self.standin_table is not None:
+            args += ["--shadows", str(self.standin_table)]
         if self.network:
             args.append("--network")
         if self.network_proxy:
@@ -153,6 +158,7 @@ class SandboxSpec:
         executables: Iterable[Path] = (),
         readonly: Iterable[Path] = (),
         hidden: Iterable[Path] = (),
+        standin_table: Path | None = None,
     ) -> SandboxSpec:
         """This spec plus what the gate itself needs inside the sandbox.
 
@@ -164,10 +170,13 @@ class SandboxSpec:
         * ``hidden`` (control-socket folders) are hidden from every confined process.
         * ``executables`` (``execgate-wrapper``, ``libexecgate.so``) must be readable (always
           true: the whole filesystem is) and executable under ``strict_exec``.
+        * ``standin_table``: the stand-ins covering the programs rules name (the backstop).
         """
         spec = self
         if not spec.confines:
             return spec
+        if standin_table is not None:
+            spec = replace(spec, standin_table=standin_table)
         carve = [*([session_dir] if session_dir is not None else []), *readonly]
         added = list(spec.readonly_paths)
         for path in carve:

@@ -4,7 +4,8 @@ Changes are found by comparing stat signatures (inode, size, mtime, ctime; ``Non
 missing path) of every path the loaded policy depends on -- its files and the folders that
 could gain files. That is a few ``stat`` calls: cheap enough to do before every tool call (so
 a call always runs with the rules as they are on disk when it starts) and once a second in
-between. A reload evaluates Starlark (about a second for a big file) in a worker thread.
+between (``execgate run``: once a second). A reload evaluates Starlark (about a second for a
+big file) in a worker thread.
 A change that does not load keeps the previous policy; the reason is logged once per change,
 with the file and line.
 """
@@ -12,16 +13,17 @@ with the file and line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
 from execgate.errors import ExecgateError
 
-log = logging.getLogger("execgate.mcp")
+log = logging.getLogger("execgate.reload")
 
 Signature = tuple[tuple[int, int, int, int] | None, ...]
 T = TypeVar("T")
@@ -98,6 +100,17 @@ class PolicyReloader(Generic[T]):
             self._failed = None
             self.reloads += 1
             log.info("rules reloaded")
+
+    @contextlib.asynccontextmanager
+    async def watching(self) -> AsyncIterator[None]:
+        """Poll (:meth:`run`) while the block runs."""
+        poller = asyncio.ensure_future(self.run())
+        try:
+            yield
+        finally:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
 
     async def run(self) -> None:
         """Poll forever (cancel to stop)."""

@@ -1,0 +1,98 @@
+"""The package as users get it: ``python -m build`` makes an sdist and a ``py3-none-<platform>``
+wheel from it, the wheel installs into a fresh venv, and that install gates for real.
+
+Building in isolated environments and installing every dependency takes a minute or two, so the
+full round trip runs in CI (``CI`` set, as ``.ci/run`` is run) or when asked for with
+``EXECGATE_TEST_WHEEL=1``; the metadata checks always run.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_metadata_names_the_licence_classifiers_and_urls() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
+    assert "Operating System :: POSIX :: Linux" in project["classifiers"]
+    assert {"Homepage", "Documentation", "Issues"} <= set(project["urls"])
+
+
+def _source_copy(destination: Path) -> Path:
+    """The checkout's files (tracked and new, not ignored: no venv, no build outputs)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, listed):
+        source = ROOT / os.fsdecode(name)
+        if source.is_file() and not source.is_relative_to(ROOT / "src/execgate/_bin"):
+            target = destination / os.fsdecode(name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+            target.chmod(source.stat().st_mode & 0o777)
+    return destination
+
+
+@pytest.mark.skipif(
+    not (os.environ.get("CI") or os.environ.get("EXECGATE_TEST_WHEEL")),
+    reason="the build round trip runs in CI (set EXECGATE_TEST_WHEEL=1 to run it here)",
+)
+def test_build_install_and_gate(tmp_path: Path) -> None:
+    source = _source_copy(tmp_path / "src")
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(dist), str(source)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    machine = platform.machine()
+    wheels = list(dist.glob("execgate-*.whl"))
+    assert [w.name.split("-", 2)[2] for w in wheels] == [f"py3-none-linux_{machine}.whl"]
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        names = set(wheel.namelist())
+    assert {"execgate/_bin/libexecgate.so", "execgate/_bin/execgate-launch"} <= names
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [str(venv / "bin/pip"), "install", "-q", str(wheels[0])],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8"}
+    version = subprocess.run(
+        [str(venv / "bin/execgate"), "--version"], env=env, capture_output=True, text=True
+    )
+    assert version.stdout.startswith("execgate "), version
+    gated = subprocess.run(
+        [str(venv / "bin/execgate"), "run", "--", "bash", "-c", "true && echo ran; git push"],
+        env=env,
+        cwd=home,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,  # no terminal: a prompt is denied with a message
+    )
+    assert gated.stdout == "ran\n", gated
+    assert "execgate: denied: git push: publishes or changes something" in gated.stderr
+    assert gated.returncode == 126

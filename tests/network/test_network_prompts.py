@@ -9,8 +9,8 @@ import re
 import mcp_types as types
 from mcpharness import Elicitations, Mcp, accept, payload, shell_args
 from netservers import Servers
+from proxyharness import RULES, Proxied
 
-from conftest import RULES, Proxied
 from gate.test_run_terminal import Terminal
 
 

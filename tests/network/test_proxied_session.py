@@ -7,7 +7,7 @@ import json
 import re
 import subprocess
 
-from conftest import EXECGATE, Proxied
+from proxyharness import EXECGATE, Proxied
 
 # A SOCKS5 client that prints the server's reply code (curl 7.x prints only the number).
 SOCKS = """\

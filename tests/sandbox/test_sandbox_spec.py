@@ -319,7 +319,7 @@ def test_gate_paths_carve_out_only_inside_roots_and_never_a_root(tmp_path: Path)
     assert OFF.with_gate_paths(readonly=[tmp_path], hidden=[tmp_path]) == OFF
 
 
-def test_within_keeps_only_roots_inside_the_bounds(tmp_path: Path) -> None:
+def test_within_cuts_roots_to_the_bounds(tmp_path: Path) -> None:
     for name in ("work", "work/sub", "other"):
         (tmp_path / name).mkdir()
     client = build_spec(
@@ -331,6 +331,7 @@ def test_within_keeps_only_roots_inside_the_bounds(tmp_path: Path) -> None:
         exclude_tmpdir=True,
     )
     narrowed, dropped = client.within([real(tmp_path / "work")])
-    assert narrowed.writable_roots == (real(tmp_path / "work" / "sub"),)
+    # `other` goes; `/` holds the bound, so it is cut to it
+    assert narrowed.writable_roots == (real(tmp_path / "work" / "sub"), real(tmp_path / "work"))
     assert dropped == [real(tmp_path / "other"), Path("/")]
     assert client.within(client.writable_roots) == (client, [])

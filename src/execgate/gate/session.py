@@ -90,6 +90,21 @@ class SessionDenied(ExecgateError):
         super().__init__(message, exit_status=126)
 
 
+def _log_escalation(exec_: GatedExec, action: Action, sandbox: str) -> None:
+    """One line of the escalations log: an escalation, or a run the server explained."""
+    if action.verdict == Verdict.ESCALATE:
+        escalations.info(
+            "escalated %s (program %s, pid %d, cwd %s, sandbox %s)",
+            exec_.display(),
+            exec_.realpath or exec_.path,
+            exec_.pid,
+            exec_.cwd,
+            sandbox,
+        )
+    else:
+        escalations.info("%s: %s", exec_.display(), action.reason)
+
+
 def log_escalations(path: Path | None = None) -> Path | None:
     """Append every escalation to ``path`` (default ``$EXECGATE_HOME/log/escalations.log``).
     Returns the file, or None when it cannot be written (the gate works regardless)."""
@@ -653,17 +668,16 @@ class EscalationSession:
         """Log a decision: the escalations log at once, the decision log after the answer
         (``closed``: refused without judging, or with the policy failed closed)."""
         self.verdicts[action.verdict] += 1
-        if action.verdict == Verdict.ESCALATE:
-            escalations.info(
-                "escalated %s (program %s, pid %d, cwd %s, sandbox %s)",
-                exec_.display(),
-                exec_.realpath or exec_.path,
-                exec_.pid,
-                exec_.cwd,
-                self.sandbox.describe() if self.sandbox else "off",
-            )
-        elif action.verdict == Verdict.RUN and action.reason:
-            escalations.info("%s: %s", exec_.display(), action.reason)
+        if escalations.isEnabledFor(logging.INFO) and (
+            action.verdict == Verdict.ESCALATE or (action.verdict == Verdict.RUN and action.reason)
+        ):
+            # Formatting and writing the line cost more than judging the exec: do it after the
+            # answer has gone out (the next turn of the event loop).
+            sandbox_text = self.sandbox_text
+            try:
+                asyncio.get_running_loop().call_soon(_log_escalation, exec_, action, sandbox_text)
+            except RuntimeError:  # no loop (a synchronous caller): now
+                _log_escalation(exec_, action, sandbox_text)
         if self.decisions is not None:
             closed = closed or (action.judgement is None and bool(self.live.fail_closed_reason))
             call, sandbox = self.call, self.sandbox_text

@@ -68,6 +68,7 @@ class SkillScripts:
 
     def __init__(self, dirs: Sequence[Path]) -> None:
         self.dirs = tuple(Path(os.path.realpath(os.path.expanduser(d))) for d in dirs)
+        self._dir_names = tuple(map(str, self.dirs))  # checked on every exec: os.path is cheaper
 
     def scripts_dirs(self) -> list[Path]:
         """Every ``<dir>/<skill>/scripts`` folder that exists (canonical)."""
@@ -127,7 +128,7 @@ class SkillScripts:
 
     def script_of(self, exec_: GatedExec) -> str | None:
         """The skill script this exec runs: the file itself, or an interpreter's script."""
-        if not any(d.is_dir() for d in self.dirs):
+        if not any(map(os.path.isdir, self._dir_names)):
             return None
         program = exec_.realpath or exec_.path
         owned = self.owns(program, (exec_.dev, exec_.ino))

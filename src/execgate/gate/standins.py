@@ -57,7 +57,7 @@ def rule_named_paths(
                     st = os.stat(candidate)
                 except (OSError, ValueError):
                     continue
-                if (st.st_dev, st.st_ino) == file_id:
+                if (st.st_dev, st.st_ino) == file_id and not _is_script(candidate):
                     found[os.path.realpath(candidate)] = file_id
                     if st.st_nlink > 1:
                         linked.add(file_id)
@@ -73,6 +73,17 @@ def rule_named_paths(
                         if (st.st_dev, st.st_ino) in linked:
                             found.setdefault(os.path.realpath(entry.path), (st.st_dev, st.st_ino))
     return sorted(found)
+
+
+def _is_script(path: str) -> bool:
+    """Whether ``path`` starts with ``#!``. Scripts are not covered: interpreters read them as
+    data (``bash build.sh``), and a stand-in would silently give them the wrong text. Their
+    execs are judged by the interposer, their interpreters are covered when a rule names them."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(2) == b"#!"
+    except OSError:
+        return False
 
 
 class StandIns:

@@ -69,11 +69,18 @@ _ANSWER_WORDS: Final = {
 
 @dataclass(frozen=True, slots=True)
 class CallInfo:
-    """The tool call a question comes from (for listings and messages)."""
+    """The tool call a question comes from (for listings and messages), and what its client
+    does with forms."""
 
     call_id: int
     command: str
     workdir: str
+    #: Why the client answers approval requests without showing them to anyone (``codex
+    #: exec``), or None: its answers are then not a human's.
+    unattended: str | None = None
+    #: Whether the form has the optional ``reason`` field. Codex's TUI will not submit a form
+    #: while an optional text field is empty, so Codex gets the decision alone (one key).
+    reason_field: bool = True
 
 
 @dataclass(eq=False)
@@ -172,33 +179,36 @@ def form_message(question: Question) -> str:
     return "\n".join(lines)
 
 
-def form_schema(offer_always: bool) -> dict[str, Any]:
+def form_schema(offer_always: bool, reason_field: bool = True) -> dict[str, Any]:
+    """The approval form: ``decision`` (required, "once" first so that the common answer is
+    the first choice) and, unless ``reason_field`` is false, an optional ``reason``."""
     choices = [(v, label) for v, label in DECISIONS if offer_always or v != "always"]
-    return {
-        "type": "object",
-        "properties": {
-            "decision": {
-                "type": "string",
-                "title": "Decision",
-                "description": "Run the program, or deny it (the agent sees the denial).",
-                "enum": [v for v, _ in choices],
-                "enumNames": [label for _, label in choices],
-            },
-            "reason": {
-                "type": "string",
-                "title": "Reason",
-                "description": "Optional. Recorded in the log; when denying, shown to the agent.",
-            },
+    properties: dict[str, Any] = {
+        "decision": {
+            "type": "string",
+            "title": "Decision",
+            "description": "Run the program, or deny it (the agent sees the denial).",
+            "enum": [v for v, _ in choices],
+            "enumNames": [label for _, label in choices],
         },
-        "required": ["decision"],
     }
+    if reason_field:
+        properties["reason"] = {
+            "type": "string",
+            "title": "Reason",
+            "description": "Optional. Recorded in the log; when denying, shown to the agent.",
+        }
+    return {"type": "object", "properties": properties, "required": ["decision"]}
+
+
+def question_schema(question: Question) -> dict[str, Any]:
+    return form_schema(question.request.offer_always, question.call.reason_field)
 
 
 def elicit_request(question: Question) -> types.ElicitRequest:
     return types.ElicitRequest(
         params=types.ElicitRequestFormParams(
-            message=form_message(question),
-            requested_schema=form_schema(question.request.offer_always),
+            message=form_message(question), requested_schema=question_schema(question)
         )
     )
 
@@ -207,12 +217,18 @@ def _with_reason(base: str, reason: str | None) -> str:
     return f"{base}: {reason}" if reason else base
 
 
-def approval_from_elicitation(result: types.ElicitResult, request: ApprovalRequest) -> Approval:
-    """The human's answer in an ``ElicitResult``. ``accept`` without a decision (a client that
-    shows only accept/decline) means "allow once"."""
+def approval_from_elicitation(
+    result: types.ElicitResult, request: ApprovalRequest, call: CallInfo | None = None
+) -> Approval:
+    """The answer in an ``ElicitResult``: a human's, unless ``call`` says its client answers by
+    itself. ``accept`` without a decision (a client that shows only accept/decline) means
+    "allow once"."""
     content = result.content or {}
     raw_reason = content.get("reason")
     reason = raw_reason.strip() if isinstance(raw_reason, str) and raw_reason.strip() else None
+    unattended = call.unattended if call is not None else None
+    if unattended is not None:
+        return _unattended_answer(result, content, request, unattended, reason)
     if result.action == "accept":
         decision = content.get("decision")
         if decision is None:
@@ -233,6 +249,29 @@ def approval_from_elicitation(result: types.ElicitResult, request: ApprovalReque
         return Approval(Answer.DENY, _with_reason("declined by the user", reason), "elicitation")
     return Approval(
         Answer.DENY, _with_reason("the user dismissed the approval request", reason), "elicitation"
+    )
+
+
+def _unattended_answer(
+    result: types.ElicitResult,
+    content: dict[str, Any],
+    request: ApprovalRequest,
+    unattended: str,
+    reason: str | None,
+) -> Approval:
+    """What a client that answers by itself said; nobody saw the question, so never "the
+    user"."""
+    if result.action == "accept":
+        answer = _ANSWERS.get(str(content.get("decision", "once")))
+        if answer is not None and answer != Answer.DENY:
+            if answer == Answer.ALLOW_ALWAYS and not request.offer_always:
+                answer = Answer.ALLOW_SESSION
+            return Approval(answer, reason=_with_reason(unattended, reason), by="client")
+    what = {"decline": "declined", "cancel": "cancelled"}.get(result.action, "denied")
+    return Approval(
+        Answer.DENY,
+        _with_reason(f"the client {what} without showing the question ({unattended})", reason),
+        "client",
     )
 
 
@@ -261,9 +300,7 @@ class MidCallElicitation:
 
     async def _ask(self, question: Question) -> None:
         try:
-            result = await self._elicit(
-                form_message(question), form_schema(question.request.offer_always)
-            )
+            result = await self._elicit(form_message(question), question_schema(question))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -276,7 +313,7 @@ class MidCallElicitation:
                 question.id,
             )
             return
-        question.settle(approval_from_elicitation(result, question.request))
+        question.settle(approval_from_elicitation(result, question.request, question.call))
 
     def unanswered_why(self, question: Question, timeout: float) -> str:
         return f"nobody answered the approval request within {timeout:g} s"
@@ -309,7 +346,9 @@ class InputRequests:
             if question is None:
                 log.info("ignoring an answer to unknown or settled approval %s", key)
             elif isinstance(response, types.ElicitResult):
-                question.settle(approval_from_elicitation(response, question.request))
+                question.settle(
+                    approval_from_elicitation(response, question.request, question.call)
+                )
             else:
                 log.warning("approval %s: the client answered with a %s", key, type(response))
 

@@ -85,8 +85,9 @@ from execgate.mcp_front.tool import (
 )
 from execgate.mcp_front.unified import ProcessStore, UnifiedError, UnifiedProcess
 from execgate.policy import Decision
-from execgate.sandbox import SandboxSpec, spec_from_codex_policy
+from execgate.sandbox import SandboxSpec
 from execgate.sandbox.codex import CodexPolicyError
+from execgate.sandbox.codex_profile import spec_from_sandbox_state
 from execgate.visible import visible
 
 log = logging.getLogger("execgate.mcp")
@@ -100,7 +101,10 @@ INSTRUCTIONS = (
 )
 SANDBOX_STATE_METHOD = "codex/sandbox-state/update"
 SANDBOX_STATE_CAPABILITY = {"codex/sandbox-state": {"version": "1.0.0"}}
-SANDBOX_STATE_META = "codex/sandbox-state-meta"
+#: Where a call's ``_meta`` carries Codex's sandbox state (0.169 sends both, the same object).
+SANDBOX_STATE_KEYS = ("codex/sandbox-state", "codex/sandbox-state-meta")
+CONFIGURED = "the server's configuration"
+CODEX_TURN_META = "x-codex-turn-metadata"
 
 Context = ServerRequestContext[Any, Any]
 
@@ -176,12 +180,6 @@ class _Parked:
     expiry: anyio.CancelScope  # cancelled when the client comes back
 
 
-@dataclass(frozen=True)
-class _CodexSandbox:
-    policy: dict[str, Any]
-    cwd: Path
-
-
 def _answer_source(by: str) -> str:
     """Who answered a question, as the decision log names it."""
     if by == "execgate":
@@ -197,6 +195,28 @@ def _can_elicit(capabilities: types.ClientCapabilities | None) -> bool:
     return elicitation.form is not None or elicitation.url is None
 
 
+def _is_codex(ctx: Context) -> bool:
+    params = ctx.session.client_params
+    name = params.client_info.name if params is not None else ""
+    return name.lower().startswith("codex")
+
+
+def _unattended(meta: object) -> str | None:
+    """Why Codex will answer this call's approval requests itself, from the turn metadata it
+    sends with each call (``x-codex-turn-metadata``), or None."""
+    turn = meta.get(CODEX_TURN_META) if isinstance(meta, dict) else None
+    if not isinstance(turn, dict):
+        return None
+    if turn.get("auto_review_enabled") is True:
+        return "Codex's automatic review answers approval requests"
+    if turn.get("turn_trigger") == "exec":
+        return (
+            "codex exec answers approval requests itself; for a human to answer, run "
+            "`execgate mcp --elicitation never` and use `execgate approvals`"
+        )
+    return None
+
+
 class McpFrontEnd:
     def __init__(self, options: McpOptions, state: PolicyState) -> None:
         self.options = options
@@ -209,7 +229,8 @@ class McpFrontEnd:
         #: Permission requests approved "for this session" (PermissionRequest.session_key).
         self._granted: set[tuple[object, ...]] = set()
         self.parked: dict[str, _Parked] = {}
-        self.codex_sandbox: _CodexSandbox | None = None
+        #: The last ``codex/sandbox-state/update`` (its params), for calls without a state.
+        self.codex_sandbox: dict[str, Any] | None = None
         # A parked call (2026-07-28 flow) whose client never comes back is stopped after this.
         self.abandon_after = 2 * options.approval_timeout
         self._started = time.time()
@@ -311,13 +332,14 @@ class McpFrontEnd:
         if not raw:
             raise MCPError(code=INVALID_PARAMS, message="missing params for sandbox state request")
         policy, cwd = raw.get("sandboxPolicy"), raw.get("sandboxCwd")
-        if not isinstance(policy, dict) or not isinstance(cwd, str):
+        if "permissionProfile" not in raw and (
+            not isinstance(policy, dict) or not isinstance(cwd, str)
+        ):
             raise MCPError(
                 code=INVALID_PARAMS, message="failed to deserialize sandbox state", data=raw
             )
-        state = _CodexSandbox(policy, self.options.cwd / cwd)
         try:
-            spec = spec_from_codex_policy(policy, cwd=state.cwd, config=self.options.config.sandbox)
+            spec, field_name = self._client_spec(raw)
         except CodexPolicyError as exc:
             log.warning("rejected sandbox state from the client: %s", exc)
             raise MCPError(
@@ -326,8 +348,8 @@ class McpFrontEnd:
         except ExecgateError as exc:  # e.g. sandboxCwd missing: kept, calls will say so
             log.warning("sandbox state from the client cannot be used yet: %s", exc)
         else:
-            log.info("sandbox from the client (%s): %s", policy.get("type"), spec.describe())
-        self.codex_sandbox = state
+            log.info("sandbox from %s (%s): %s", SANDBOX_STATE_METHOD, field_name, spec.describe())
+        self.codex_sandbox = raw
         return {}
 
     async def _call_tool(
@@ -357,7 +379,10 @@ class McpFrontEnd:
         except ToolArgumentError as exc:
             return error_result(f"shell: {exc}")
         try:
-            sandbox = self._sandbox_for(ctx)
+            sandbox, sandbox_source = self._sandbox_for(ctx)
+        except CodexPolicyError as exc:
+            log.warning("refused a tool call: the client's sandbox state cannot be used: %s", exc)
+            return error_result(f"shell: cannot use the client's sandbox state: {exc}")
         except ExecgateError as exc:
             return error_result(f"shell: cannot set up the sandbox: {exc}")
         started = time.monotonic()
@@ -381,16 +406,25 @@ class McpFrontEnd:
         call = ShellCall(setup, args)
         channel = self._channel(ctx, call)
         asker: Asker = CallAsker(
-            self.registry, CallInfo(call.id, args.command, args.workdir), channel
+            self.registry,
+            CallInfo(
+                call.id,
+                args.command,
+                args.workdir,
+                unattended=_unattended(ctx.meta),
+                reason_field=not _is_codex(ctx),
+            ),
+            channel,
         )
         asker = self.state.gate.approvals.recording(asker)
         log.info(
-            "tool call %d: %s in %s (timeout %d ms, %s, sandbox %s)",
+            "tool call %d: %s in %s (timeout %d ms, %s, sandbox from %s: %s)",
             call.id,
             args.command if len(args.command) < 200 else args.command[:200] + "…",
             args.workdir,
             args.timeout_ms,
             "login shell" if args.login else "non-login shell",
+            sandbox_source,
             allowed.describe() if allowed else "off",
         )
         self.calls.add(call)
@@ -410,9 +444,12 @@ class McpFrontEnd:
                 default_workdir=str(self.options.cwd),
                 default_shell=self.options.shell,
             )
-            sandbox = self._sandbox_for(ctx)
+            sandbox, sandbox_source = self._sandbox_for(ctx)
         except ToolArgumentError as exc:
             return error_result(f"{name}: {exc}")
+        except CodexPolicyError as exc:
+            log.warning("refused a tool call: the client's sandbox state cannot be used: %s", exc)
+            return error_result(f"{name}: cannot use the client's sandbox state: {exc}")
         except ExecgateError as exc:
             return error_result(f"{name}: cannot set up the sandbox: {exc}")
         started = time.monotonic()
@@ -449,12 +486,13 @@ class McpFrontEnd:
         )
         asker = self.state.gate.approvals.recording(asker)
         log.info(
-            "unified exec %d: %s in %s (%s, yield %d ms, sandbox %s)",
+            "unified exec %d: %s in %s (%s, yield %d ms, sandbox from %s: %s)",
             process.id,
             args.cmd if len(args.cmd) < 200 else args.cmd[:200] + "…",
             args.workdir,
             "tty" if args.tty else "pipes",
             args.yield_ms,
+            sandbox_source,
             allowed.describe() if allowed else "off",
         )
         self.processes.add(process)
@@ -642,9 +680,7 @@ class McpFrontEnd:
             return False  # an input request the client cannot fulfil fails the whole call
         if mode == "always":
             return True
-        params = ctx.session.client_params
-        name = params.client_info.name if params is not None else ""
-        return name.lower().startswith("codex")
+        return _is_codex(ctx)
 
     def _channel(self, ctx: Context, call: ShellCall) -> Channel:
         if not self._elicits(ctx):
@@ -774,32 +810,42 @@ class McpFrontEnd:
             network=self.network,
         )
 
-    def _sandbox_for(self, ctx: Context) -> SandboxSpec:
-        """The call's sandbox: the client's Codex sandbox state (per call in ``_meta``, or the
-        last ``codex/sandbox-state/update``) with its writable roots kept within the
-        workspace's bounds, else the configured profile. Never the call's ``workdir``."""
-        state = self.codex_sandbox
-        meta: dict[str, Any] = dict(ctx.meta or {})
-        per_call = meta.get(SANDBOX_STATE_META)
-        if isinstance(per_call, dict):
-            policy, cwd = per_call.get("sandboxPolicy"), per_call.get("sandboxCwd")
-            if isinstance(policy, dict) and isinstance(cwd, str):
-                state = _CodexSandbox(policy, self.options.cwd / cwd)
-        if state is None:
-            return self.options.sandbox
-        spec = spec_from_codex_policy(
-            state.policy, cwd=state.cwd, config=self.options.config.sandbox
+    def _client_spec(self, state: object) -> tuple[SandboxSpec, str]:
+        return spec_from_sandbox_state(
+            state, server_cwd=self.options.cwd, config=self.options.config.sandbox
         )
-        spec, dropped = spec.within(self.options.writable_bounds)
-        if dropped:
+
+    def _sandbox_for(self, ctx: Context) -> tuple[SandboxSpec, str]:
+        """The call's sandbox and where it came from: the client's Codex sandbox state (per
+        call in ``_meta``, else the last ``codex/sandbox-state/update``) with its writable roots
+        cut to the workspace's bounds, else the configured profile. Never the call's
+        ``workdir``. A state that cannot be enforced exactly raises
+        :class:`CodexPolicyError`: the call is refused, never run in another sandbox."""
+        meta: dict[str, Any] = dict(ctx.meta or {})
+        sent = [(key, meta[key]) for key in SANDBOX_STATE_KEYS if key in meta]
+        if sent:
+            if any(state != sent[0][1] for _, state in sent):
+                raise CodexPolicyError(
+                    "the client sent different sandbox states in "
+                    + " and ".join(SANDBOX_STATE_KEYS)
+                )
+            wish, field_name = self._client_spec(sent[0][1])
+            source = f"the client's {field_name} (_meta {' / '.join(k for k, _ in sent)})"
+        elif self.codex_sandbox is not None:
+            wish, field_name = self._client_spec(self.codex_sandbox)
+            source = f"the client's {field_name} ({SANDBOX_STATE_METHOD})"
+        else:
+            return self.options.sandbox, CONFIGURED
+        spec, cut = wish.within(self.options.writable_bounds)
+        if cut:
             log.warning(
-                "sandbox state: not writable, outside the workspace and --writable-root: %s",
-                ", ".join(map(str, dropped)),
+                "sandbox state: cut to the workspace and --writable-root (outside them): %s",
+                ", ".join(map(str, cut)),
             )
         if self.options.sandbox.network_proxy and spec.confines and not spec.network:
             # The client's "no network" is the configured one: through the proxy, by the rules.
             spec = replace(spec, network_proxy=True)
-        return spec
+        return spec, source
 
 
 async def serve(options: McpOptions) -> None:

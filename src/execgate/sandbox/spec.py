@@ -199,14 +199,20 @@ class SandboxSpec:
         return spec
 
     def within(self, bounds: Sequence[Path]) -> tuple[SandboxSpec, list[Path]]:
-        """This spec with its writable roots limited to those inside ``bounds`` (canonical
-        directories), and the roots that were dropped: a client may narrow what is writable,
-        never widen it."""
-        kept = [r for r in self.writable_roots if any(_under(r, b) for b in bounds)]
-        dropped = [r for r in self.writable_roots if r not in kept]
-        if not dropped:
+        """This spec with its writable roots cut to ``bounds`` (canonical directories), and the
+        roots that were cut: a root inside a bound stays, a root holding bounds (``/``) becomes
+        those bounds, any other root goes. A client may narrow what is writable, never widen it."""
+        kept: list[Path] = []
+        cut: list[Path] = []
+        for root in self.writable_roots:
+            if any(_under(root, b) for b in bounds):
+                kept.append(root)
+                continue
+            cut.append(root)
+            kept += [b for b in bounds if _under(b, root)]
+        if not cut:
             return self, []
-        return replace(self, writable_roots=tuple(kept)), dropped
+        return replace(self, writable_roots=_dedupe(kept)), cut
 
     def describe(self) -> str:
         """One line for logs and messages."""
@@ -218,6 +224,10 @@ class SandboxSpec:
             parts.append(f"writable: {roots}")
             if self.protected_names:
                 parts.append(f"read-only inside: {', '.join(self.protected_names)}")
+            if self.readonly_paths:
+                parts.append(f"read-only: {', '.join(map(str, self.readonly_paths))}")
+        if self.hidden_paths:
+            parts.append(f"hidden: {', '.join(map(str, self.hidden_paths))}")
         parts.append(
             "network on"
             if self.network

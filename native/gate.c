@@ -363,15 +363,33 @@ static const char *const gate_names[] = {
 };
 static const char *const loader_names[] = {"LD_AUDIT", "GLIBC_TUNABLES"};
 #define N_GATE_NAMES (sizeof gate_names / sizeof gate_names[0])
+/* A proxied session's variables (PROXY_VARIABLE_NAMES in src/execgate/netproxy/variables.py):
+ * re-added like the gate's, so a program that drops or changes them for its children does not
+ * lose its way to the proxy (it could only lose its network: nothing else leads out). */
+static const char *const proxy_names[] = {
+    "EXECGATE_PROXY", "HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy",
+    "npm_config_proxy", "npm_config_https_proxy", "NPM_CONFIG_PROXY", "NPM_CONFIG_HTTPS_PROXY",
+    "YARN_HTTP_PROXY", "YARN_HTTPS_PROXY", "PIP_PROXY", "ALL_PROXY", "all_proxy", "NO_PROXY",
+    "no_proxy",
+};
+#define N_PROXY_NAMES (sizeof proxy_names / sizeof proxy_names[0])
+_Static_assert(8 + N_PROXY_NAMES <= sizeof eg_sess.env / sizeof eg_sess.env[0],
+               "room for the re-added entries");
 
-static int is_gate_entry(const char *e)
+static int names_entry(const char *e, const char *const *names, size_t count)
 {
-    for (size_t i = 0; i < N_GATE_NAMES; i++) {
-        size_t n = strlen(gate_names[i]);
-        if (strncmp(e, gate_names[i], n) == 0 && e[n] == '=')
+    for (size_t i = 0; i < count; i++) {
+        size_t n = strlen(names[i]);
+        if (strncmp(e, names[i], n) == 0 && e[n] == '=')
             return 1;
     }
     return 0;
+}
+
+static int is_gate_entry(const char *e)
+{
+    return names_entry(e, gate_names, N_GATE_NAMES) ||
+           (eg_sess.proxied && names_entry(e, proxy_names, N_PROXY_NAMES));
 }
 
 static int is_lower_hex(const char *s, size_t n)
@@ -491,6 +509,12 @@ void eg_session_load(char *const *envp, const char *preload_self)
         if (v)
             S->env[S->nenv++] = arena_put(loader_names[i], v, strlen(v));
     }
+    S->proxied = S->ok && eg_getenv(envp, "EXECGATE_PROXY") != NULL;
+    for (size_t i = 0; S->proxied && i < N_PROXY_NAMES; i++) {
+        const char *v = eg_getenv(envp, proxy_names[i]);
+        if (v && strlen(v) < 256)
+            S->env[S->nenv++] = arena_put(proxy_names[i], v, strlen(v));
+    }
 }
 
 /* ---------------------------------------------------------------- environment re-injection */
@@ -523,7 +547,7 @@ size_t eg_env_size(char *const *envp)
 {
     const char *lp;
     size_t count = env_scan(envp, &lp);
-    size_t size = (count + N_GATE_NAMES + 2) * sizeof(char *);
+    size_t size = (count + N_GATE_NAMES + N_PROXY_NAMES + 2) * sizeof(char *);
     size += sizeof "LD_PRELOAD=" + strlen(eg_sess.preload) + 1 + (lp ? strlen(lp) : 0) + 16;
     return size;
 }
@@ -532,7 +556,7 @@ char **eg_env_build(char *const *envp, void *mem, size_t cap)
 {
     const char *lp;
     size_t count = env_scan(envp, &lp);
-    size_t ptrs = (count + N_GATE_NAMES + 2) * sizeof(char *);
+    size_t ptrs = (count + N_GATE_NAMES + N_PROXY_NAMES + 2) * sizeof(char *);
     if (cap < ptrs + 16)
         return NULL;
     char **out = mem;

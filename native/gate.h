@@ -35,10 +35,12 @@ struct eg_session {
                                       <dir of the socket>/policy.snap (protocol §6) */
     const char *wrapper;           /* EXECGATE_WRAPPER */
     const char *preload;           /* the interposer's own path, first in LD_PRELOAD */
-    /* prebuilt "NAME=value" entries re-added to every exec's environment: the gate's, and the
-     * loader variables LD_AUDIT and GLIBC_TUNABLES as this process was loaded with them */
-    const char *env[9];
+    /* prebuilt "NAME=value" entries re-added to every exec's environment: the gate's, the
+     * loader variables LD_AUDIT and GLIBC_TUNABLES as this process was loaded with them, and
+     * in a proxied session (EXECGATE_PROXY set) the proxy variables */
+    const char *env[9 + 19];
     int nenv;
+    int proxied; /* EXECGATE_PROXY was set at load: the proxy variables are the gate's too */
 };
 
 extern struct eg_session eg_sess;

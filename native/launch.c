@@ -23,6 +23,7 @@
  * pipes of spawns that have not exec'ed yet.
  */
 #include "common.h"
+#include "netns.h"
 #include "sandbox.h"
 
 #include <dirent.h>
@@ -705,8 +706,15 @@ static void child(const struct spawn *s, const int *fds, struct report *out)
         }
     }
 
+    char msg[MSG_CAP] = "";
+    int r;
+    /* Before place_fds closes the report socket: the listener leaves through it. */
+    if (s->sandbox && g_sandbox.proxy_port > 0 &&
+        (r = sb_enter_proxy_netns(&g_sandbox, s->id, msg, sizeof msg)) < 0)
+        child_fail(out, -r, "%s", msg);
+
     int execfd = s->execfd;
-    int r = place_fds(fds, s->dst, s->nfds, &out->errfd, &execfd);
+    r = place_fds(fds, s->dst, s->nfds, &out->errfd, &execfd);
     if (r < 0)
         child_fail(out, -r, "placing descriptors: %s", strerror(-r));
 
@@ -714,7 +722,6 @@ static void child(const struct spawn *s, const int *fds, struct report *out)
         signal(g_reset[i], SIG_DFL);
     (void)setrlimit(RLIMIT_NOFILE, &g_nofile);
 
-    char msg[MSG_CAP] = "";
     if (s->sandbox) {
         /* A confined claim runs the program a stand-in covers (protocol §7
          * authorize-confined): leave that program uncovered in its own sandbox, so that a
@@ -1580,7 +1587,7 @@ static void usage(void)
     note("usage: execgate-launch --control FD [--claim-fd FD] [--terminal FD] "
          "[--sandbox read-only|workspace-write|off] "
          "[--writable DIR]... [--readonly PATH]... [--protect NAME]... [--hide DIR]... "
-         "[--network] [--strict-exec] [--exec-dir PATH]...\n"
+         "[--network] [--proxy-port N --proxy-report-fd FD] [--strict-exec] [--exec-dir PATH]...\n"
          "       execgate-launch --probe [SANDBOX OPTIONS]");
 }
 
@@ -1604,6 +1611,7 @@ int main(int argc, char **argv)
     /* Claim buffers of 1 MiB and more are mapped and go back to the system when freed (a
      * fixed threshold: glibc's adaptive one would keep them in the heap after the first). */
     mallopt(M_MMAP_THRESHOLD, 1 << 20);
+    g_sandbox.proxy_report = -1;
     for (int i = 1; i < argc; i++) {
         int r = sb_parse_option(&g_sandbox, argc, argv, &i, err, sizeof err);
         if (r < 0) {
@@ -1647,6 +1655,16 @@ int main(int argc, char **argv)
         g_claim = (int)claim;
         fcntl(g_claim, F_SETFD, FD_CLOEXEC);
         fcntl(g_claim, F_SETFL, fcntl(g_claim, F_GETFL) | O_NONBLOCK);
+    }
+    if (g_sandbox.proxy_port > 0) {
+        int type = 0;
+        socklen_t tl = sizeof type;
+        if (g_sandbox.proxy_report < 0 ||
+            getsockopt(g_sandbox.proxy_report, SOL_SOCKET, SO_TYPE, &type, &tl) < 0) {
+            note("--proxy-port needs --proxy-report-fd (a socket)");
+            return 2;
+        }
+        fcntl(g_sandbox.proxy_report, F_SETFD, FD_CLOEXEC);
     }
     if (terminal >= 0) {
         /* A session leader (the server started us with setsid) takes the terminal as its

@@ -49,6 +49,7 @@
 /* -- Landlock ABI (include/uapi/linux/landlock.h, up to ABI 7) ------------------------------- */
 #define LL_CREATE_RULESET_VERSION (1U << 0)
 #define LL_RULE_PATH_BENEATH 1
+#define LL_RULE_NET_PORT 2 /* ABI 4 */
 
 #define LL_FS_EXECUTE (1ULL << 0)
 #define LL_FS_WRITE_FILE (1ULL << 1)
@@ -87,6 +88,11 @@ struct ll_ruleset_attr {
     uint64_t handled_access_fs;
     uint64_t handled_access_net; /* ABI 4 */
     uint64_t scoped;             /* ABI 6 */
+};
+
+struct ll_net_port_attr {
+    uint64_t allowed_access;
+    uint64_t port;
 };
 
 struct ll_path_beneath_attr {
@@ -171,6 +177,21 @@ int sb_parse_option(struct sb_config *c, int argc, char **argv, int *i, char *er
     }
     if (!strcmp(opt, "--strict-exec")) {
         c->strict_exec = 1;
+        return 1;
+    }
+    if (!strcmp(opt, "--proxy-port") || !strcmp(opt, "--proxy-report-fd")) {
+        char *end = NULL;
+        long v = *i + 1 < argc ? strtol(argv[*i + 1], &end, 10) : -1;
+        int port = opt[8] == 'p';
+        if (!end || *end || v < (port ? 1 : 0) || v > (port ? 65535 : INT_MAX)) {
+            snprintf(err, cap, "%s needs a %s", opt, port ? "port (1-65535)" : "descriptor");
+            return -1;
+        }
+        ++*i;
+        if (port)
+            c->proxy_port = (int)v;
+        else
+            c->proxy_report = (int)v;
         return 1;
     }
     if (!strcmp(opt, "--shadows")) {
@@ -686,6 +707,12 @@ static int landlock(const struct sb_config *c, int abi, const struct paths *root
         allow_inherited(rs, fd, h);
     for (int i = 0; !r && i < roots->n; i++)
         r = allow_path(rs, roots->v[i], R_READ | R_WRITE, h, 1, msg, cap);
+    if (!r && abi >= 4 && !c->network && c->proxy_port > 0) { /* the proxy: the one way out */
+        struct ll_net_port_attr port = {.allowed_access = LL_NET_CONNECT_TCP,
+                                        .port = (uint64_t)c->proxy_port};
+        if (syscall(SYS_landlock_add_rule, rs, LL_RULE_NET_PORT, &port, 0) < 0)
+            r = fail(msg, cap, errno, "landlock_add_rule (proxy port %d)", c->proxy_port);
+    }
     if (!r && syscall(SYS_landlock_restrict_self, rs, 0) < 0)
         r = fail(msg, cap, errno, "landlock_restrict_self");
     close(rs);
@@ -731,10 +758,13 @@ static int drop_capabilities(char *msg, size_t cap)
 #define MFD_EXEC 0x0010U
 #endif
 
-static int seccomp_filter(int network, int strict_exec, char *msg, size_t cap)
+/* network: 1 no restriction; 0 socket() for AF_UNIX only, or (inet) also AF_INET/AF_INET6
+ * (proxy mode: the network namespace holds nothing but loopback). */
+static int seccomp_filter(int network, int inet, int strict_exec, char *msg, size_t cap)
 {
 #ifndef SB_AUDIT_ARCH
     (void)network;
+    (void)inet;
     (void)strict_exec;
     return fail(msg, cap, ENOSYS, "no seccomp filter for this CPU architecture");
 #else
@@ -782,11 +812,16 @@ static int seccomp_filter(int network, int strict_exec, char *msg, size_t cap)
         f[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
     }
     if (!network) {
-        /* socket()/socketpair() for AF_UNIX only (the domain is an int: low word). */
+        /* socket()/socketpair() for AF_UNIX only (the domain is an int: low word); proxy
+         * mode adds AF_INET and AF_INET6. */
         static const int sock[] = {__NR_socket, __NR_socketpair};
         for (size_t i = 0; i < sizeof sock / sizeof sock[0]; i++) {
-            f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)sock[i], 0, 4);
+            f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)sock[i], 0, inet ? 6 : 4);
             f[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LO(0));
+            if (inet) {
+                f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET, 2, 0);
+                f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET6, 1, 0);
+            }
             f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_UNIX, 0, 1);
             f[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
             f[n++] = STMT(BPF_RET | BPF_K, RET_ERRNO(EPERM));
@@ -866,7 +901,7 @@ int sb_apply(const struct sb_config *c, const char *cwd, char *msg, size_t cap)
         goto out;
     if ((r = drop_capabilities(msg, cap)) < 0)
         goto out;
-    r = seccomp_filter(c->network, c->strict_exec, msg, cap);
+    r = seccomp_filter(c->network, c->proxy_port > 0, c->strict_exec, msg, cap);
 out:
     paths_free(&roots);
     paths_free(&carve);
@@ -937,7 +972,7 @@ static int try_seccomp(const struct sb_config *c, char *msg, size_t cap)
     (void)c;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         return fail(msg, cap, errno, "PR_SET_NO_NEW_PRIVS");
-    int r = seccomp_filter(0, 0, msg, cap);
+    int r = seccomp_filter(0, 0, 0, msg, cap);
     if (r < 0)
         return r;
     /* The filter must really work: an inet socket is refused, a Unix one is not. */

@@ -9,10 +9,13 @@
  *                 hidden directories (control sockets) get an empty read-only tmpfs on top.
  *   capabilities  the bounding, inheritable and ambient sets are emptied (root stays uid 0 but
  *                 has no capability left, also after exec).
+ *   proxy mode    (--proxy-port) a network namespace with only loopback (netns.h); Landlock
+ *                 lets TCP connect only to the proxy's port there, binds nothing.
  *   stand-ins     every program a rule names is covered (bind mount, read-only) by a stand-in
  *                 `#!execgate-wrapper --shadow` file of the session, so whatever executes it —
  *                 interposed or not — asks the server (the kernel exec backstop, --shadows).
- *   seccomp       socket() only for AF_UNIX when the network is off; io_uring, TIOCSTI and
+ *   seccomp       socket() only for AF_UNIX when the network is off (and AF_INET/AF_INET6 in
+ *                 proxy mode: the namespace is the boundary); io_uring, TIOCSTI and
  *                 TIOCLINUX denied; ptrace and process_vm_readv/writev denied; under
  *                 strict-exec memfd_create only with MFD_NOEXEC_SEAL; other syscall ABIs
  *                 (i386, x32) killed.
@@ -41,6 +44,8 @@ struct sb_config {
     struct sb_list protect;   /* --protect NAME: <root>/NAME kept read-only in every root */
     struct sb_list exec_dirs; /* --exec-dir PATH: extra places programs may be executed from */
     struct sb_list hide;      /* --hide DIR: an empty read-only directory mounted over it */
+    int proxy_port;           /* --proxy-port N: network through the proxy (netns.h), 0: no */
+    int proxy_report;         /* --proxy-report-fd FD: where listeners go (launcher's), or -1 */
     const char *shadows;      /* --shadows FILE: (stand-in, program) path pairs, each NUL-ended:
                                * every program a rule names is covered by its stand-in */
     const char *uncovered;    /* not an option: the one program of the table left uncovered

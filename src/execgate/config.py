@@ -23,11 +23,24 @@ class SandboxConfig:
     mode: str | None = None  # None: the front end's default (run: off, mcp: workspace-write)
     writable_roots: tuple[str, ...] = ()
     network: bool = False
+    network_proxy: bool = False  # `network = "proxy"`
     strict_exec: bool = False
     exec_dirs: tuple[str, ...] = ()
     exclude_tmp: bool = False
     exclude_tmpdir: bool = False
     writable_git: bool = False
+
+
+NETWORK_DEFAULTS = ("prompt", "deny", "allow")
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """``[network]``: how the proxy of a ``network = "proxy"`` sandbox decides."""
+
+    # Hosts no network_rule names; None: prompt where a human can be asked, else deny.
+    default: str | None = None
+    hosts_file: Path | None = None  # consulted before DNS (tests point names at loopback)
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,7 @@ class Config:
     # (gate/cleanenv.py): names, or prefixes written NAME*.
     clean_escalated_env: tuple[str, ...] = ()
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
     log: LogConfig = field(default_factory=LogConfig)
     otel: OtelConfig = field(default_factory=OtelConfig)
     # The tools `execgate mcp` offers (see MCP_TOOLS).
@@ -135,17 +149,44 @@ def _sandbox(path: Path, table: dict[str, Any]) -> SandboxConfig:
         raise ExecgateError(
             f"{path}: `sandbox.mode` must be one of {', '.join(SANDBOX_MODES)}, got {mode!r}"
         )
-    flags = {
+    flags: dict[str, bool] = {
         k: _check(path, f"sandbox.{k}", table[k], bool)
-        for k in ("network", "strict_exec", "exclude_tmp", "exclude_tmpdir", "writable_git")
+        for k in ("strict_exec", "exclude_tmp", "exclude_tmpdir", "writable_git")
         if k in table
     }
+    network = table.get("network", False)
+    if network == "proxy":
+        flags["network_proxy"] = True
+    elif isinstance(network, bool):
+        flags["network"] = network
+    else:
+        raise ExecgateError(
+            f'{path}: `sandbox.network` must be true, false or "proxy", got {network!r}'
+        )
     return SandboxConfig(
         mode=mode,
         writable_roots=_strings(path, "sandbox.writable_roots", table.get("writable_roots", [])),
         exec_dirs=_strings(path, "sandbox.exec_dirs", table.get("exec_dirs", [])),
         **flags,
     )
+
+
+def _network(path: Path, table: dict[str, Any]) -> NetworkConfig:
+    for key in table:
+        if key not in ("default", "hosts_file"):
+            raise ExecgateError(f"{path}: unknown key `network.{key}`")
+    default = table.get("default")
+    if default is not None and default not in NETWORK_DEFAULTS:
+        raise ExecgateError(
+            f"{path}: `network.default` must be one of {', '.join(NETWORK_DEFAULTS)}, "
+            f"got {default!r}"
+        )
+    hosts = table.get("hosts_file")
+    if hosts is not None:
+        hosts = Path(_check(path, "network.hosts_file", hosts, str)).expanduser()
+        if not hosts.is_absolute():
+            raise ExecgateError(f"{path}: `network.hosts_file` must be an absolute path")
+    return NetworkConfig(default=default, hosts_file=hosts)
 
 
 def _log(path: Path, table: dict[str, Any]) -> LogConfig:
@@ -209,6 +250,7 @@ def load_config(path: Path | None = None) -> Config:
         "approval_timeout",
         "clean_escalated_env",
         "sandbox",
+        "network",
         "tools",
         "skills_dirs",
         "log",
@@ -235,6 +277,7 @@ def load_config(path: Path | None = None) -> Config:
         approval_timeout=float(timeout),
         clean_escalated_env=clean,
         sandbox=_sandbox(path, _check(path, "sandbox", data.get("sandbox", {}), dict)),
+        network=_network(path, _check(path, "network", data.get("network", {}), dict)),
         skills_dirs=_strings(path, "skills_dirs", data["skills_dirs"])
         if "skills_dirs" in data
         else None,

@@ -102,7 +102,7 @@ def test_always_answers_write_a_private_rules_file(homes: Homes, tmp_path: Path)
     # What an "always" answer records, too.
     second = tmp_path / "second" / "default.rules"
     approvals = UserApprovals(load_layered_policy(tmp_path))  # only the built-in default
-    request = SimpleNamespace(prefix=("make",))  # all that recording reads
+    request = SimpleNamespace(prefix=("make",), network=None)  # all that recording reads
     with umask(0):
         approvals.record(cast(ApprovalRequest, request), second)
     assert "make" in second.read_text()

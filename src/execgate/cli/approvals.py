@@ -164,6 +164,34 @@ def _describe(q: dict[str, Any], now: float) -> list[str]:
     argv = [str(word) for word in q.get("argv", [])]
     program = str(q.get("program", ""))
     question_id = visible(str(q.get("id", "")), 100)
+    net = q.get("network")
+    if isinstance(net, dict):  # a connection through the session's proxy
+        addresses = ", ".join(visible(str(a), 100) for a in net.get("addresses", []))
+        lines = [
+            f"{question_id}  waiting {_age(now - q.get('asked_at', now))}  network access to "
+            f"{visible(str(net.get('host')), 300)} port {net.get('port')} "
+            f"({visible(str(net.get('protocol')), 20)})",
+            f"    address: {addresses or 'unknown'}",
+            f"    by:      {command_line(argv, 2000)} (pid {q.get('pid')})",
+        ]
+        lines += [f"    rule:    {visible(str(r), 600)}" for r in net.get("rules", [])]
+    else:
+        lines = _describe_exec(q, now, question_id, argv, program)
+    call = q.get("tool_call", {})
+    lines.append(
+        f"    agent's command: {visible(str(call.get('command', '')), 400)}"
+        f"  (in {quote_word(str(call.get('workdir', '')))})"
+    )
+    lines.append(
+        f"    asked via {visible(str(q.get('asked_via')))}; "
+        f"answer: execgate approvals allow|deny {question_id}"
+    )
+    return lines
+
+
+def _describe_exec(
+    q: dict[str, Any], now: float, question_id: str, argv: list[str], program: str
+) -> list[str]:
     lines = [
         f"{question_id}  waiting {_age(now - q.get('asked_at', now))}  "
         f"{command_line([program, *argv[1:]], 2000)}",
@@ -175,15 +203,6 @@ def _describe(q: dict[str, Any], now: float) -> list[str]:
         lines.append(f"    rule:    {location} (prefix `{prefix}`)")
     if q.get("justification"):
         lines.append(f"    why:     {visible(str(q['justification']), 1000)}")
-    call = q.get("tool_call", {})
-    lines.append(
-        f"    agent's command: {visible(str(call.get('command', '')), 400)}"
-        f"  (in {quote_word(str(call.get('workdir', '')))})"
-    )
-    lines.append(
-        f"    asked via {visible(str(q.get('asked_via')))}; "
-        f"answer: execgate approvals allow|deny {question_id}"
-    )
     return lines
 
 

@@ -18,6 +18,7 @@ from execgate.config import check_tools, load_config
 from execgate.decisionlog import open_front_log
 from execgate.errors import ExecgateError
 from execgate.gate import orphans
+from execgate.gate.livepolicy import PolicySource
 from execgate.sandbox import (
     add_sandbox_arguments,
     build_spec,
@@ -153,7 +154,15 @@ def run_mcp(args: argparse.Namespace) -> int:
 
     workspace = _workspace(args.workspace, cwd)
     # Fixed here, never by a call: the model picks a call's `workdir`, not what is writable.
-    sandbox = sandbox_from_args(args, config.sandbox, cwd=workspace, default_mode="workspace-write")
+    # Network rules in force make the proxy workspace-write's default network mode.
+    rules = PolicySource(tuple(args.rules or ()), cwd, config).load().policy.network_rules
+    sandbox = sandbox_from_args(
+        args,
+        config.sandbox,
+        cwd=workspace,
+        default_mode="workspace-write",
+        network_rules=bool(rules),
+    )
     bounds = build_spec(
         "workspace-write",
         cwd=workspace,

@@ -17,8 +17,10 @@ from execgate.config import Config, load_config
 from execgate.errors import ExecgateError
 from execgate.files import make_private_dir, write_atomically
 from execgate.policy import (
+    Decision,
     Evaluation,
     LoadedPolicy,
+    Policy,
     PolicyError,
     PrefixRule,
     RuleMatch,
@@ -40,6 +42,9 @@ from execgate.policy.layers import (
     rules_folders,
 )
 from execgate.policy.loader import compile_rules_file, compile_rules_text, default_cache
+from execgate.policy.model import NETWORK_PROTOCOLS
+from execgate.policy.network import NetworkJudgement, judge_network
+from execgate.policy.network import rule_location as network_rule_location
 from execgate.policy.requirements import load_requirements
 
 SHOWN_ALTERNATIVES = 6
@@ -96,6 +101,7 @@ def register(subparsers: Any) -> None:
         examples=[
             "execgate rules explain -- rm -rf /",
             "execgate rules explain --json -- git push --force",
+            "execgate rules explain --host pypi.org --protocol https",
         ],
     )
     explain.add_argument(
@@ -107,6 +113,16 @@ def register(subparsers: Any) -> None:
         dest="resolve",
         action="store_false",
         help="match the first token literally only (the gate resolves program paths)",
+    )
+    explain.add_argument(
+        "--host",
+        metavar="HOST",
+        help="explain which network_rule decides connections to HOST instead of a command",
+    )
+    explain.add_argument(
+        "--protocol",
+        choices=NETWORK_PROTOCOLS,
+        help="with --host: only this way through the proxy (default: each)",
     )
     explain.add_argument("--json", action="store_true", help="print one JSON object")
     explain.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
@@ -305,7 +321,7 @@ def run_list(args: argparse.Namespace) -> int:
         for name, allowed in sorted(loaded.policy.host_executables.items()):
             print(f"    {name}: {', '.join(allowed) if allowed else '(no path accepted)'}")
     if loaded.policy.network_rules:
-        print("network rules (parsed; enforced by the sandbox):")
+        print("network rules (enforced by the proxy of a `--network proxy` sandbox):")
         for net in loaded.policy.network_rules:
             print(f"    {net.decision.value:<9}  {net.protocol}://{net.host}  [{net.source}]")
     _report_state(loaded)
@@ -500,7 +516,9 @@ def explain_json(
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    command = command_tokens(args)
+    if args.protocol and not args.host:
+        args.parser.error("--protocol only applies with --host")
+    command = [] if args.host else command_tokens(args)
     if args.rules:  # the admin's requirements still apply on top
         from execgate.policy import load_chosen_policy
 
@@ -513,12 +531,101 @@ def run_explain(args: argparse.Namespace) -> int:
     _report_state(loaded)
     policy = loaded.policy
     layers = {str(source.path): source.layer for source in loaded.sources}
+    if args.host:
+        protocols = [args.protocol] if args.protocol else list(NETWORK_PROTOCOLS)
+        network_default = load_config().network.default
+        if args.json:
+            print(_json(explain_host_json(policy, args.host, protocols, layers, network_default)))
+        else:
+            print(explain_host(policy, args.host, protocols, layers, network_default))
+        return 0
     evaluation = policy.evaluate(command, resolve_host_executables=args.resolve)
     if args.json:
         print(_json(explain_json(evaluation, layers, default)))
     else:
         print(explain_text(evaluation, layers, default))
     return 0
+
+
+_NETWORK_OUTCOME = {
+    Decision.ALLOW: "the proxy forwards it",
+    Decision.PROMPT: "a human is asked (once, for the session, or always)",
+    Decision.FORBIDDEN: "the proxy refuses it, naming the rule",
+}
+
+
+def explain_host(
+    policy: Policy,
+    host: str,
+    protocols: list[str],
+    layers: dict[str, str],
+    default: str | None,
+) -> str:
+    """Which ``network_rule`` decides connections to ``host`` over each protocol, and why."""
+    lines: list[str] = []
+    for protocol in protocols:
+        judgement = _judge_host(policy, host, protocol)
+        lines.append(f"{judgement.host} over {protocol}:")
+        if protocol == "socks5_udp":
+            lines.append("  the proxy relays no UDP (no UDP ASSOCIATE): always refused")
+            continue
+        for rule in judgement.matches:
+            layer = layers.get(rule.source.path, "") if rule.source else ""
+            note = f"  # {rule.justification}" if rule.justification else ""
+            where = f"{network_rule_location(rule)}" + (f" [{layer}]" if layer else "")
+            lines.append(f"  {rule.decision.value:<9}  {where}{note}")
+        decision = judgement.decision
+        if decision is None:
+            shown = default or "prompt where a human can be asked, else deny"
+            lines.append(f"  no network_rule names this host: network.default decides ({shown})")
+        else:
+            strictest = " (the strictest)" if len(judgement.matches) > 1 else ""
+            lines.append(f"  decision: {decision.value}{strictest}: {_NETWORK_OUTCOME[decision]}")
+    return "\n".join(lines)
+
+
+def explain_host_json(
+    policy: Policy,
+    host: str,
+    protocols: list[str],
+    layers: dict[str, str],
+    default: str | None,
+) -> dict[str, Any]:
+    """:func:`explain_host` as one JSON object: per protocol, the matching rules and the
+    decision (``null``: no rule names the host, ``network_default`` decides)."""
+    judged = []
+    normalised = host
+    for protocol in protocols:
+        judgement = _judge_host(policy, host, protocol)
+        normalised, decision = judgement.host, judgement.decision
+        judged.append(
+            {
+                "protocol": protocol,
+                "relayed": protocol != "socks5_udp",  # no UDP ASSOCIATE: always refused
+                "decision": decision.value if decision else None,
+                "matches": [
+                    {
+                        "decision": rule.decision.value,
+                        "location": network_rule_location(rule),
+                        "layer": layers.get(rule.source.path) if rule.source else None,
+                        "justification": rule.justification,
+                    }
+                    for rule in judgement.matches
+                ],
+            }
+        )
+    return {
+        "host": normalised,
+        "protocols": judged,
+        "network_default": default,
+    }
+
+
+def _judge_host(policy: Policy, host: str, protocol: str) -> NetworkJudgement:
+    try:
+        return judge_network(policy, host, protocol)
+    except ValueError as exc:
+        raise ExecgateError(f"--host {host!r}: {exc}") from None
 
 
 # --- init, trust ----------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from execgate.gate import orphans
 from execgate.gate.askers import DenyingAsker, TerminalAsker
 from execgate.gate.escalation import Asker
 from execgate.gate.livepolicy import GatePolicy, PolicySource
+from execgate.gate.network import NetworkSettings, default_for
 from execgate.gate.reload import Loaded, PolicyReloader
 from execgate.gate.session import (
     EscalationSession,
@@ -95,7 +96,20 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
         asker = DenyingAsker("prompts are set to deny (--on-prompt deny)")
     else:
         asker = TerminalAsker()
-    sandbox = sandbox_from_args(args, config.sandbox, cwd=Path(cwd), default_mode="off")
+    sandbox = sandbox_from_args(
+        args,
+        config.sandbox,
+        cwd=Path(cwd),
+        default_mode="off",
+        network_rules=bool(load.policy.network_rules),
+    )
+    network = NetworkSettings(
+        default=default_for(
+            config.network.default, can_ask=args.on_prompt != "deny" and _has_terminal()
+        ),
+        hosts_file=config.network.hosts_file,
+        approvals=lambda: gate.approvals,
+    )
     loop = asyncio.get_running_loop()
     # Like a shell running a foreground job: the terminal's Ctrl-C and Ctrl-\ are for the
     # command; we outlive them to clean up. SIGTERM/SIGHUP end the whole session.
@@ -119,6 +133,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
             gate_escalated=config.gate_escalated,
             clean_escalated_env=config.clean_escalated_env,
             approval_timeout=config.approval_timeout,
+            network=network,
         ),
         SessionCaller(gate.approvals.recording(asker), decisions=decisions),
     )
@@ -165,3 +180,11 @@ async def _wait(
     with waiting:
         status = await process.wait()
     return status
+
+
+def _has_terminal() -> bool:
+    try:
+        os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC))
+    except OSError:
+        return False
+    return True

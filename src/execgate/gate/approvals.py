@@ -13,7 +13,9 @@ from pathlib import Path
 
 from execgate import paths
 from execgate.gate.escalation import Answer, Approval, ApprovalRequest, Asker, Judgement
-from execgate.policy import Decision, LoadedPolicy, RuleMatch, append_allow_rule
+from execgate.policy import Decision, LoadedPolicy, NetworkRule, RuleMatch, append_allow_rule
+from execgate.policy.amend import append_network_allow_rule
+from execgate.policy.network import NetworkJudgement
 
 ADMIN_LAYERS = frozenset({"system", "requirements"})
 
@@ -54,10 +56,40 @@ class UserApprovals:
             self._layer(m) in ADMIN_LAYERS for m in self._prompts(judgement)
         )
 
+    def covers_network(self, judgement: NetworkJudgement) -> bool:
+        """A ``prompt`` for a host is answered by an ``allow`` rule for it in the user's own
+        layer (an "always" answer), unless an admin layer asks."""
+        if not self._enabled or judgement.decision != Decision.PROMPT:
+            return False
+        layers = [self._rule_layer(r) for r in judgement.matches]
+        prompts = [
+            lay
+            for r, lay in zip(judgement.matches, layers, strict=True)
+            if r.decision == Decision.PROMPT
+        ]
+        return not any(lay in ADMIN_LAYERS for lay in prompts) and any(
+            r.decision == Decision.ALLOW and lay == "user"
+            for r, lay in zip(judgement.matches, layers, strict=True)
+        )
+
+    def can_record_network(self, judgement: NetworkJudgement) -> bool:
+        return self._enabled and not any(
+            self._rule_layer(r) in ADMIN_LAYERS
+            for r in judgement.matches
+            if r.decision != Decision.ALLOW
+        )
+
+    def _rule_layer(self, rule: NetworkRule) -> str | None:
+        return self._layers.get(rule.source.path) if rule.source else None
+
     def record(self, request: ApprovalRequest, path: Path | None = None) -> None:
-        """Append the approved prefix as an allow rule to the user's rules file (the built-in
-        default policy stays in force beside it)."""
-        append_allow_rule(path or paths.user_default_rules_file(), list(request.prefix))
+        """Append the approved prefix (a connection's host: a network rule) as an allow rule to
+        the user's rules file (the built-in default policy stays in force beside it)."""
+        path = path or paths.user_default_rules_file()
+        if request.network is not None:
+            append_network_allow_rule(path, request.network.host, request.network.protocol)
+        else:
+            append_allow_rule(path, list(request.prefix))
 
     def recording(self, asker: Asker) -> Asker:
         """``asker``, with "always" answers recorded in the user's rules file."""

@@ -18,12 +18,13 @@ from execgate.gate.escalation import (
     Answer,
     Approval,
     ApprovalRequest,
+    NetworkTarget,
     no_one_to_ask,
     rule_location,
 )
-from execgate.gate.program import parent_chain
+from execgate.gate.program import GatedExec, parent_chain
 from execgate.policy import PolicyError
-from execgate.policy.amend import allow_rule_line
+from execgate.policy.amend import allow_rule_line, network_allow_line
 from execgate.visible import command_line, quote_word, visible
 
 _CHOICES = {
@@ -58,6 +59,8 @@ def describe(request: ApprovalRequest) -> list[str]:
     chain = " ← ".join(
         f"{quote_word(comm)} ({pid})" for pid, comm in parent_chain(exec_.pid, depth=4)
     )
+    if request.network is not None:
+        return _describe_network(request.network, exec_, chain)
     justification = request.judgement.justification()
     lines = [
         f"execgate: `{exec_.display_judged()}` requires approval"
@@ -79,6 +82,24 @@ def describe(request: ApprovalRequest) -> list[str]:
     for match in request.judgement.deciding_matches():
         prefix = command_line(match.matched_prefix)
         lines.append(f"  rule:    {visible(rule_location(match))} (prefix `{prefix}`)")
+    return lines
+
+
+def _describe_network(net: NetworkTarget, exec_: GatedExec, chain: str) -> list[str]:
+    lines = [
+        f"execgate: network access to {net.display()} requires approval"
+        + (f": {visible(net.justification, 1000)}" if net.justification else "")
+    ]
+    lines.append(f"  address: {', '.join(net.addresses) or 'unknown'}")
+    if exec_.pid:
+        lines.append(f"  by:      {exec_.display(400)}")
+        lines.append(f"  process: {chain or exec_.pid}")
+    else:
+        lines.append("  by:      a process of the session (not identified)")
+    for rule in net.rules:
+        lines.append(f"  rule:    {visible(rule, 600)}")
+    if not net.rules:
+        lines.append("  rule:    none names this host (network.default = prompt)")
     return lines
 
 
@@ -142,8 +163,14 @@ class TerminalAsker:
 
 def always_note(request: ApprovalRequest, *, done: bool = False) -> str:
     """The exact line an "always" answer appends, and the file it goes to."""
+    net = request.network
     try:
-        rule = visible(allow_rule_line(request.prefix), 2000)
+        line = (
+            network_allow_line(net.host, net.protocol)
+            if net is not None
+            else allow_rule_line(request.prefix)
+        )
+        rule = visible(line, 2000)
     except PolicyError:
         rule = "(no allow rule can name this prefix)"
     target = quote_word(str(paths.user_default_rules_file()))

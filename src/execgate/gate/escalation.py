@@ -159,8 +159,24 @@ class JudgementCache:
 
 
 @dataclass(frozen=True, slots=True)
+class NetworkTarget:
+    """A connection through the session's proxy that asks for approval (gate/network.py)."""
+
+    host: str
+    port: int
+    protocol: str
+    addresses: tuple[str, ...]  # what the name resolved to: what would be dialled
+    rules: tuple[str, ...]  # the rules that ask (empty: no rule names the host)
+    justification: str | None = None
+
+    def display(self) -> str:
+        return f"{visible(self.host, 300)} port {self.port} ({self.protocol})"
+
+
+@dataclass(frozen=True, slots=True)
 class ApprovalRequest:
-    """What a human is asked to approve."""
+    """What a human is asked to approve: an exec, or (``network``) a connection that ``exec``
+    (the process that made it, as far as it is known) opened through the session's proxy."""
 
     id: str
     exec: GatedExec
@@ -168,12 +184,17 @@ class ApprovalRequest:
     # The prefix an "allow for this session" / "always" answer would approve.
     prefix: tuple[str, ...]
     offer_always: bool
+    # Set for a connection through the session's proxy: what it is to (not an exec's).
+    network: NetworkTarget | None = None
     # Set for a request that is not an exec's (an MCP permission request): what is asked.
     purpose: str = ""
     # A skill script's canonical path: it always asks; "for this session" approves that path.
     skill_script: str = ""
 
     def summary(self) -> str:
+        if self.network is not None:
+            why = self.network.justification or "no rule allows this host"
+            return f"network access to {self.network.display()}: {visible(why, 1000)}"
         why = self.judgement.justification() or "requires approval by policy"
         return f"{self.exec.display()}: {visible(why, 1000)}"
 
@@ -393,6 +414,17 @@ def _needs_approval(request: ApprovalRequest, why_not_asked: str) -> str:
 
 def no_one_to_ask(request: ApprovalRequest, why: str) -> Approval:
     """A denial for a prompt nobody can answer, saying how to allow the command."""
+    if request.network is not None:
+        net = request.network
+        return Approval(
+            Answer.DENY,
+            reason=(
+                f"{net.justification or 'requires approval'}; {why}; to allow it, add "
+                f'network_rule(host="{net.host}", protocol="{net.protocol}", '
+                'decision="allow") to your rules'
+            ),
+            by="execgate",
+        )
     try:  # the very line an "always" answer would write
         rule = allow_rule_line(request.prefix)
     except PolicyError:  # a prefix no allow rule can name (an empty token)

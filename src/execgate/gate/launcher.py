@@ -191,6 +191,7 @@ class Launcher:
         stderr: int | None = None,
         claim_path: Path | None = None,
         terminal: int | None = None,
+        proxy_report: int | None = None,
     ) -> Launcher:
         """Start a launcher whose ``sandboxed`` spawns are confined by ``sandbox``.
 
@@ -202,6 +203,8 @@ class Launcher:
         here, mode 0600, in a folder only we can write to; without it nothing can be claimed.
         ``terminal``: a terminal (a PTY's follower side) the launcher makes its controlling
         terminal (needs ``new_session``); a main spawn with ``pgid=0`` then gets it.
+        ``proxy_report``: for a sandbox with ``network_proxy``, the socket over which each
+        confined child sends the listener of its network namespace (native/netns.h).
         """
         if terminal is not None and not new_session:
             raise ValueError("a launcher takes a terminal only in a process session of its own")
@@ -224,6 +227,9 @@ class Launcher:
                 passed.append(terminal)
             if sandbox is not None:
                 args += sandbox.launcher_args()
+            if proxy_report is not None:
+                args += ["--proxy-report-fd", str(proxy_report)]
+                passed.append(proxy_report)
             try:
                 process = subprocess.Popen(
                     args,

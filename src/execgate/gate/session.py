@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -31,7 +32,7 @@ import anyio
 import anyio.abc
 
 from execgate import native, paths
-from execgate.decisionlog.recorder import DecisionLog, bounded_argv
+from execgate.decisionlog.recorder import DecisionLog, bounded_argv, permission_entry
 from execgate.errors import ExecgateError
 from execgate.files import make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
@@ -49,14 +50,18 @@ from execgate.gate.escalation import (
 from execgate.gate.identity import ExecFile, IdentityError, describe_path, inspect_descriptors
 from execgate.gate.launcher import LaunchedProcess, Launcher, LauncherError
 from execgate.gate.livepolicy import LivePolicy
+from execgate.gate.network import NetworkGate, NetworkSettings, listener_pair
 from execgate.gate.program import GatedExec, runs_file, vouched
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import GateServer, Peer, Reply
 from execgate.gate.snapshot import SealedSnapshot
 from execgate.gate.standins import StandIns
+from execgate.netproxy.server import NetProxy, ProxyThread
+from execgate.netproxy.variables import PROXY_VARIABLE_NAMES, proxy_variables
 from execgate.policy import allow_rule_line
 from execgate.sandbox import SandboxSpec
 from execgate.sandbox.guarded import guard
+from execgate.sandbox.spec import PROXY_PORT
 from execgate.visible import VisibleFormatter, quote_word, visible
 
 log = logging.getLogger("execgate.session")
@@ -226,6 +231,8 @@ class SessionConfig:
     #: A terminal (PTY follower) the launcher makes its controlling terminal (needs
     #: ``new_process_session``): the main program, started with ``pgid=0``, gets it.
     terminal: int | None = None
+    #: How connections through the proxy are decided (a sandbox with ``network_proxy``).
+    network: NetworkSettings | None = None
 
     def __post_init__(self) -> None:
         if self.base_env is not None:
@@ -245,6 +252,7 @@ class SessionConfig:
             self.new_process_session,
             self.clean_escalated_env,
             self.terminal,
+            self.network,
         )
 
 
@@ -303,6 +311,12 @@ class EscalationSession:
         self._server: GateServer | None = None
         self._launcher: Launcher | None = None
         self._env_rules: EnvRules | None = None
+        # Network through the proxy: the proxy's thread, and what points programs at it.
+        self.proxied = self.confined and sandbox is not None and sandbox.network_proxy
+        self.network = config.network or NetworkSettings()
+        self.proxy_env = proxy_variables(PROXY_PORT) if self.proxied else {}
+        self._proxy: ProxyThread | None = None
+        self.network_gate: NetworkGate | None = None
 
     @classmethod
     async def open(
@@ -327,12 +341,18 @@ class EscalationSession:
                     hidden=hidden,
                     standin_table=session.standins.table if session.standins else None,
                 )
-            session._launcher = await Launcher.start(
-                spec,
-                new_session=new_process_session,
-                claim_path=session.claim_path,
-                terminal=config.terminal,
-            )
+            report = session._start_proxy() if session.proxied else None
+            try:
+                session._launcher = await Launcher.start(
+                    spec,
+                    new_session=new_process_session,
+                    claim_path=session.claim_path,
+                    terminal=config.terminal,
+                    proxy_report=report.fileno() if report else None,
+                )
+            finally:
+                if report is not None:
+                    report.close()  # the launcher's now: its end closes with it
         except BaseException:
             await session.aclose()
             raise
@@ -357,6 +377,43 @@ class EscalationSession:
     @property
     def call(self) -> int | None:
         return self._caller.call if self._caller is not None else None
+
+    def _start_proxy(self) -> socket.socket:
+        """Start the proxy's thread; returns the launcher's end of the report socket."""
+        loop = asyncio.get_running_loop()
+        self.network_gate = NetworkGate(
+            settings=self.network,
+            policy=lambda: self.live.policy,
+            fail_closed_reason=lambda: self.live.fail_closed_reason,
+            ask=lambda request: asyncio.run_coroutine_threadsafe(self.ask_human(request), loop),
+            record=lambda entry: loop.call_soon_threadsafe(self._record_connection, entry),
+            proxy_port=PROXY_PORT,
+        )
+        ours, theirs = listener_pair()
+        self._proxy = ProxyThread(NetProxy(self.network_gate), ours)
+        return theirs
+
+    def _record_connection(self, entry: dict[str, Any]) -> None:
+        """Every decision on a connection through the proxy (the one call site): the decision
+        log's ``kind: permission`` record, ``permission: network``, the host, port, protocol,
+        rule, addresses and (refusals, prompts) the process in ``detail``."""
+        if entry["decision"] != "allow":
+            log.info("proxy: %s", entry.get("reason"))
+        if self.decisions is not None:
+            record = permission_entry(
+                call=self.call,
+                permission="network",
+                detail=entry["detail"],
+                decision=entry["decision"],
+                source=entry["source"],
+                answer=entry.get("answer"),
+                answered_by=entry.get("answered_by"),
+                reason=entry.get("reason"),
+            )
+            for key in ("rule_line", "rule_file"):  # an "always": the grant it wrote
+                if key in entry:
+                    record[key] = entry[key]
+            self.decisions.record(record)
 
     async def __aenter__(self) -> EscalationSession:
         return self
@@ -386,6 +443,8 @@ class EscalationSession:
     def environment(self, env: Mapping[str, str], *, escalated: bool = False) -> list[bytes]:
         """``env`` plus the gate: the environment for a process of this session."""
         merged = {k: v for k, v in env.items() if k not in GATE_VARIABLES}
+        if not escalated:  # escalated programs are outside: the proxy is not theirs
+            merged.update(self.proxy_env)
         merged.update(self.gate_env(escalated=escalated))
         merged["LD_PRELOAD"] = self._with_preload(env.get("LD_PRELOAD"))
         return [os.fsencode(f"{k}={v}") for k, v in merged.items()]
@@ -401,10 +460,15 @@ class EscalationSession:
             cleaned = self.cleaned
             # The session's own values of the cleaned variables replace whatever the caller
             # made of them (SET); the caller's are dropped (DROP, DROP_PREFIXES).
+            # The proxy variables likewise: an escalated program (outside, not proxied) gets
+            # the session's own values, not the sandbox's proxy.
+            proxy = PROXY_VARIABLE_NAMES if self.proxied else ()
             overlay = {
                 k: v
                 for k, v in self.base_env.items()
-                if cleaned.covers(k) and k not in GATE_VARIABLES and k != "LD_PRELOAD"
+                if (cleaned.covers(k) or k in proxy)
+                and k not in GATE_VARIABLES
+                and k != "LD_PRELOAD"
             }
             user_preload = self.base_env.get("LD_PRELOAD")
             if self.gate_escalated:
@@ -412,7 +476,7 @@ class EscalationSession:
                 overlay["LD_PRELOAD"] = self._with_preload(user_preload)
             elif user_preload:
                 overlay["LD_PRELOAD"] = user_preload
-            drop = dict.fromkeys([*GATE_VARIABLES, "LD_PRELOAD", *sorted(cleaned.names)])
+            drop = dict.fromkeys([*GATE_VARIABLES, "LD_PRELOAD", *sorted(cleaned.names), *proxy])
             self._env_rules = EnvRules(
                 drop=tuple(os.fsencode(name) for name in drop),
                 drop_prefixes=tuple(os.fsencode(prefix) for prefix in cleaned.prefixes),
@@ -422,11 +486,13 @@ class EscalationSession:
 
     def confined_env_rules(self) -> EnvRules:
         """A confined claim's environment: the caller's, with the gate re-added as every exec
-        inside the sandbox gets it (protocol §1)."""
+        inside the sandbox gets it (protocol §1), and the proxy variables of a proxied session
+        likewise."""
         preload = self._with_preload(self.base_env.get("LD_PRELOAD"))
-        overlay = {**self.gate_env(), "LD_PRELOAD": preload}
+        overlay = {**self.proxy_env, **self.gate_env(), "LD_PRELOAD": preload}
+        proxy = PROXY_VARIABLE_NAMES if self.proxied else ()
         return EnvRules(
-            drop=tuple(os.fsencode(name) for name in (*GATE_VARIABLES, "LD_PRELOAD")),
+            drop=tuple(os.fsencode(name) for name in (*GATE_VARIABLES, "LD_PRELOAD", *proxy)),
             drop_prefixes=(),
             set=tuple(os.fsencode(f"{k}={v}") for k, v in overlay.items()),
         )
@@ -635,12 +701,17 @@ class EscalationSession:
         return answer if isinstance(answer, bytes) else await answer
 
     async def _ask(self, request: ApprovalRequest, *, confined: bool) -> tuple[Action, Approval]:
+        """Ask a human, then resolve the answer; returns the action and the answer it follows
+        from."""
+        approval = await self.ask_human(request)
+        return self.escalation.resolve(request, approval, confined=confined), approval
+
+    async def ask_human(self, request: ApprovalRequest) -> Approval:
         """Ask a human; a session that ends or a question nobody answers in time is a denial.
-        Returns the action and the answer it follows from."""
+        (Also the proxy's, for a connection's question: it runs on the session's loop.)"""
         caller = self.caller
         if self._closing:
-            approval = no_one_to_ask(request, "the session ended before anyone answered")
-            return self.escalation.resolve(request, approval, confined=confined), approval
+            return no_one_to_ask(request, "the session ended before anyone answered")
         self._asks += 1
         if self._asks == 1 and caller.on_ask:
             caller.on_ask(True)
@@ -657,12 +728,10 @@ class EscalationSession:
             if self._asks == 0 and caller.on_ask:
                 caller.on_ask(False)
         if answered is not None:
-            approval = answered
-        elif self._closing:
-            approval = no_one_to_ask(request, "the session ended before anyone answered")
-        else:
-            approval = no_one_to_ask(request, f"nobody answered within {self.approval_timeout:g} s")
-        return self.escalation.resolve(request, approval, confined=confined), approval
+            return answered
+        if self._closing:
+            return no_one_to_ask(request, "the session ended before anyone answered")
+        return no_one_to_ask(request, f"nobody answered within {self.approval_timeout:g} s")
 
     # -- escalation ----------------------------------------------------------------------
 
@@ -725,6 +794,9 @@ class EscalationSession:
             await self._launcher.shutdown(grace)
         if self._server is not None:
             await self._server.aclose()
+        if self._proxy is not None:  # its listeners' namespaces are gone: nothing is left
+            await asyncio.get_running_loop().run_in_executor(None, self._proxy.stop)
+            self._proxy = None
         if self.decisions is not None:
             self.decisions.flush()  # the log is the front end's; its records are written now
         if self.sealed_snapshot is not None:

@@ -34,7 +34,14 @@ from typing import Any, Final, Protocol
 import mcp_types as types
 
 from execgate.gate.askers import describe
-from execgate.gate.escalation import Answer, Approval, ApprovalRequest, no_one_to_ask, rule_location
+from execgate.gate.escalation import (
+    Answer,
+    Approval,
+    ApprovalRequest,
+    NetworkTarget,
+    no_one_to_ask,
+    rule_location,
+)
 from execgate.visible import command_line, quote_word, visible
 
 log = logging.getLogger("execgate.mcp")
@@ -123,7 +130,18 @@ class Question:
             "waited": round(self.waited, 3),
             "asked_via": self.route.kind,
             "tool_call": {"command": self.call.command, "workdir": self.call.workdir},
+            **({"network": _network_summary(self.request.network)} if self.request.network else {}),
         }
+
+
+def _network_summary(net: NetworkTarget) -> dict[str, Any]:
+    return {
+        "host": net.host,
+        "port": net.port,
+        "protocol": net.protocol,
+        "addresses": list(net.addresses),
+        "rules": list(net.rules),
+    }
 
 
 class QuestionRoute(Protocol):
@@ -151,7 +169,8 @@ def form_message(question: Question) -> str:
     """What the human reads: the exact program, argv, cwd, process, rule and justification."""
     exec_ = question.request.exec
     lines = describe(question.request)
-    lines.insert(1, f"  argv:    {command_line(exec_.argv, 2000)}")
+    if question.request.network is None:
+        lines.insert(1, f"  argv:    {command_line(exec_.argv, 2000)}")
     lines.append(f"  asked by the agent's shell command: {visible(question.call.command, 400)}")
     lines.append(
         f"Allow it? (approval {question.id}; also answerable with "
@@ -256,7 +275,7 @@ def _unattended_answer(
     )
 
 
-# -- channels ---------------------------------------------------------------------------------
+# -- routes -----------------------------------------------------------------------------------
 
 #: Sends ``elicitation/create`` (message, requested schema) and returns the client's answer.
 Elicit = Callable[[str, dict[str, Any]], Awaitable[types.ElicitResult]]

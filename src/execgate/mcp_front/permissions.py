@@ -254,4 +254,7 @@ def widened(spec: SandboxSpec | None, request: PermissionRequest) -> SandboxSpec
     base = spec.writable_roots if spec.mode == "workspace-write" else ()
     roots = tuple(dict.fromkeys((*base, *request.writable_roots)))
     mode = "workspace-write" if roots else spec.mode
-    return replace(spec, mode=mode, writable_roots=roots, network=spec.network or request.network)
+    network = spec.network or request.network
+    # Approved network access is the whole network for this call: no proxy in between.
+    proxy = spec.network_proxy and not network
+    return replace(spec, mode=mode, writable_roots=roots, network=network, network_proxy=proxy)

@@ -22,7 +22,7 @@ import os
 import secrets
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from execgate.gate.escalation import (
     Verdict,
 )
 from execgate.gate.livepolicy import GatePolicy, PolicySource
+from execgate.gate.network import NetworkSettings, default_for
 from execgate.gate.reload import Loaded, PolicyReloader
 from execgate.gate.session import (
     SessionConfig,
@@ -244,6 +245,12 @@ class McpFrontEnd:
         self.server.add_request_handler(SANDBOX_STATE_METHOD, _RawParams, self._sandbox_state)
         # Each call opens a session; one is kept open ahead of the next call.
         self.sessions = SessionReserve()
+        # One object for every call (the reserve hands out sessions opened with equal ones).
+        self.network = NetworkSettings(
+            default=default_for(options.config.network.default, can_ask=not options.on_prompt_deny),
+            hosts_file=options.config.network.hosts_file,
+            approvals=lambda: self.state.gate.approvals,
+        )
 
     def _info(self) -> dict[str, Any]:
         return {
@@ -800,6 +807,7 @@ class McpFrontEnd:
             # The registry times questions out; the session's own limit is only a backstop.
             approval_timeout=self.options.approval_timeout + 10,
             new_process_session=True,
+            network=self.network,
         )
 
     def _client_spec(self, state: object) -> tuple[SandboxSpec, str]:
@@ -834,6 +842,9 @@ class McpFrontEnd:
                 "sandbox state: cut to the workspace and --writable-root (outside them): %s",
                 ", ".join(map(str, cut)),
             )
+        if self.options.sandbox.network_proxy and spec.confines and not spec.network:
+            # The client's "no network" is the configured one: through the proxy, by the rules.
+            spec = replace(spec, network_proxy=True)
         return spec, source
 
 

@@ -1,4 +1,5 @@
-"""Answers of "always allow": append an allow rule to a rules file the way Codex does."""
+"""Answers of "always allow": append an allow rule to a rules file the way Codex does
+(``prefix_rule`` for a command, ``network_rule`` for a host)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from execgate.files import make_private_dir, open_private
-from execgate.policy.model import PolicyError
+from execgate.policy.language import normalize_network_host
+from execgate.policy.model import NETWORK_PROTOCOLS, PolicyError
 
 APPEND_LIMIT = 64 * 1024 * 1024
 
@@ -22,6 +24,19 @@ def allow_rule_line(tokens: Sequence[str]) -> str:
         raise PolicyError("prefix rule tokens cannot be empty or whitespace-only")
     pattern = ", ".join(json.dumps(token, ensure_ascii=False) for token in tokens)
     return f'prefix_rule(pattern=[{pattern}], decision="allow")'
+
+
+def network_allow_line(host: str, protocol: str) -> str:
+    """``network_rule(host="HOST", protocol="P", decision="allow")`` (host normalised)."""
+    if protocol not in NETWORK_PROTOCOLS:
+        raise PolicyError(f"network rule protocol {protocol!r} is not one of {NETWORK_PROTOCOLS}")
+    try:
+        host = normalize_network_host(host)
+    except ValueError as exc:
+        raise PolicyError(str(exc)) from None
+    return (
+        f'network_rule(host={json.dumps(host)}, protocol={json.dumps(protocol)}, decision="allow")'
+    )
 
 
 def _rust_lines(text: str) -> list[str]:
@@ -41,7 +56,17 @@ def append_allow_rule(path: Path, tokens: Sequence[str]) -> bool:
     files over 64 MiB, skip the append when the identical line is already there, add a missing
     final newline first. Returns ``False`` when the line was already present.
     """
-    line = allow_rule_line(tokens)
+    return append_rule_line(path, allow_rule_line(tokens))
+
+
+def append_network_allow_rule(path: Path, host: str, protocol: str) -> bool:
+    """Append ``network_rule(host=..., protocol=..., decision="allow")`` to ``path``, the same
+    way as :func:`append_allow_rule`. Returns ``False`` when the line was already present."""
+    return append_rule_line(path, network_allow_line(host, protocol))
+
+
+def append_rule_line(path: Path, line: str) -> bool:
+    """Append one rule line under the procedure of :func:`append_allow_rule`."""
     try:
         make_private_dir(path.parent)
         fd = open_private(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)

@@ -27,6 +27,13 @@ SYSTEM_EXEC_DIRS: Final[tuple[str, ...]] = (
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt",
 )  # fmt: skip
 
+#: The port the proxy listens on inside a proxy-mode sandbox's network namespace (its own
+#: loopback: nothing else can hold it there).
+PROXY_PORT: Final = 3128
+
+#: ``--network`` values.
+NETWORK_MODES: Final = ("on", "off", "proxy")
+
 #: Writable in workspace-write along with /tmp (and excluded with it).
 SHARED_MEMORY_DIR: Final = Path("/dev/shm")
 
@@ -52,6 +59,8 @@ class SandboxSpec:
       ``strict_exec``.
     * ``hidden_paths``: directories confined processes must not reach at all (control
       sockets): an empty read-only directory is mounted over each (needs a mount namespace).
+    * ``network_proxy``: no network but a network namespace with only loopback, where the
+      session's proxy listens on :data:`PROXY_PORT` (``network`` must be off).
     """
 
     mode: SandboxMode = "off"
@@ -62,11 +71,14 @@ class SandboxSpec:
     strict_exec: bool = False
     exec_dirs: tuple[Path, ...] = ()
     hidden_paths: tuple[Path, ...] = ()
+    network_proxy: bool = False
     # The session's stand-in table (gate/standins.py): the programs rules name are covered by
     # stand-ins in every confined spawn (the kernel exec backstop).
     standin_table: Path | None = None
 
     def __post_init__(self) -> None:
+        if self.network and self.network_proxy:
+            raise ValueError("network on and network through the proxy exclude each other")
         if not is_mode(self.mode):
             raise ValueError(f"unknown sandbox mode {self.mode!r}")
         paths = (*self.writable_roots, *self.readonly_paths, *self.exec_dirs, *self.hidden_paths)
@@ -100,6 +112,8 @@ class SandboxSpec:
             args += ["--shadows", str(self.standin_table)]
         if self.network:
             args.append("--network")
+        if self.network_proxy:
+            args += ["--proxy-port", str(PROXY_PORT)]
         if self.strict_exec:
             args.append("--strict-exec")
             for path in self.exec_dirs:
@@ -214,7 +228,13 @@ class SandboxSpec:
                 parts.append(f"read-only: {', '.join(map(str, self.readonly_paths))}")
         if self.hidden_paths:
             parts.append(f"hidden: {', '.join(map(str, self.hidden_paths))}")
-        parts.append("network on" if self.network else "network off")
+        parts.append(
+            "network on"
+            if self.network
+            else "network through the proxy"
+            if self.network_proxy
+            else "network off"
+        )
         if self.strict_exec:
             parts.append("strict-exec")
         return "; ".join(parts)
@@ -250,13 +270,14 @@ def build_spec(
     config: SandboxConfig | None = None,
     default_mode: SandboxMode = "off",
     writable_roots: Sequence[str | Path] = (),
-    network: bool | None = None,
+    network: bool | str | None = None,
     strict_exec: bool | None = None,
     exec_dirs: Sequence[str | Path] = (),
     exclude_tmp: bool | None = None,
     exclude_tmpdir: bool | None = None,
     writable_git: bool | None = None,
     env: Mapping[str, str] | None = None,
+    network_rules: bool = False,
 ) -> SandboxSpec:
     """The spec for a session working in ``cwd``.
 
@@ -264,7 +285,9 @@ def build_spec(
     ``default_mode``; directory lists add up. Relative paths are relative to ``cwd``.
     workspace-write's writable roots: ``cwd``, the configured and given roots, ``$TMPDIR``
     (from ``env``, default ``os.environ``) unless excluded, ``/tmp`` and ``/dev/shm`` unless
-    excluded.
+    excluded. ``network``: ``"on"``/``True``, ``"off"``/``False``, ``"proxy"``; not given, the
+    config says, and a workspace-write session whose policy has ``network_rule``s in force
+    (``network_rules``) goes through the proxy.
     """
     config = config or SandboxConfig()
     env = os.environ if env is None else env
@@ -312,11 +335,29 @@ def build_spec(
         dirs += [_resolve(d, cwd) for d in exec_dirs]
     elif exec_dirs:
         raise ExecgateError("--exec-dir only applies with --strict-exec")
+    if network is None:
+        network_mode = "on" if config.network else "proxy" if config.network_proxy else "off"
+        if network_mode == "off" and network_rules and chosen == "workspace-write":
+            network_mode = "proxy"
+    elif isinstance(network, bool):
+        network_mode = "on" if network else "off"
+    elif network in NETWORK_MODES:
+        network_mode = network
+    else:
+        raise ExecgateError(f"unknown network mode {network!r} (on, off or proxy)")
+    if network_mode == "proxy" and chosen == "off":
+        if network == "proxy":
+            raise ExecgateError(
+                "--network proxy needs a sandbox (--sandbox read-only or workspace-write): "
+                "with --sandbox off nothing is confined, the network included"
+            )
+        network_mode = "off"  # nothing is confined: there is no namespace to put a proxy in
     return SandboxSpec(
         mode=chosen,
         writable_roots=_dedupe(roots),
         protected_names=names,
-        network=pick(network, config.network),
+        network=network_mode == "on",
+        network_proxy=network_mode == "proxy",
         strict_exec=strict,
         exec_dirs=_dedupe(dirs),
     )
@@ -347,8 +388,22 @@ def add_sandbox_arguments(
         metavar="DIR",
         help="another writable directory for workspace-write (repeatable)",
     )
+    group.add_argument(
+        "--network",
+        dest="sandbox_network",
+        nargs="?",
+        const="on",
+        choices=NETWORK_MODES,
+        metavar="MODE",
+        help="network access: on (no restriction; the default with no MODE), off, or proxy "
+        "(only through the session's proxy, judged by network_rule; the default for "
+        "workspace-write when network rules are in force; else off)",
+    )
+    group.add_argument(
+        "--no-network", dest="sandbox_network", action="store_const", const="off",
+        help="no network access (same as --network off)",
+    )  # fmt: skip
     bool_flags = [
-        ("--network", "sandbox_network", "allow network access (default: off)"),
         (
             "--strict-exec",
             "sandbox_strict_exec",
@@ -379,8 +434,10 @@ def sandbox_from_args(
     cwd: Path,
     default_mode: SandboxMode = "off",
     env: Mapping[str, str] | None = None,
+    network_rules: bool = False,
 ) -> SandboxSpec:
-    """The spec for flags added by :func:`add_sandbox_arguments`, over ``config``."""
+    """The spec for flags added by :func:`add_sandbox_arguments`, over ``config``
+    (``network_rules``: the policy has network rules in force, see :func:`build_spec`)."""
     return build_spec(
         args.sandbox_mode,
         cwd=cwd,
@@ -394,4 +451,5 @@ def sandbox_from_args(
         exclude_tmpdir=args.sandbox_exclude_tmpdir,
         writable_git=args.sandbox_writable_git,
         env=env,
+        network_rules=network_rules,
     )

@@ -18,37 +18,7 @@ from typing import Any
 
 from execgate.decisionlog.query import HUMANS, exec_command
 from execgate.policy import allow_rule_line
-
-#: Prefixes Codex never accepts as a "don't ask again" rule (codex-compat.md §4.3).
-BANNED_PREFIXES: frozenset[tuple[str, ...]] = frozenset(
-    tuple(words.split())
-    for words in [
-        "python3",
-        "python3 -c",
-        "python",
-        "bash -lc",
-        "sh -c",
-        "zsh -lc",
-        "/bin/zsh -lc",
-        "env",
-        "sudo",
-        "node -e",
-        "perl -e",
-        "ruby -e",
-        "php -r",
-        "lua -e",
-        "osascript",
-        "git",
-        "pwsh",
-        "pwsh -Command",
-        "pwsh -c",
-        "powershell",
-        "powershell -Command",
-        "powershell -c",
-        "powershell.exe",
-        "powershell.exe -Command",
-    ]
-)
+from execgate.policy.banned import is_banned_prefix
 
 
 @dataclass(frozen=True)
@@ -111,7 +81,7 @@ def _best(
             candidates.setdefault(tokens[:k], tokens)
     best: Suggestion | None = None
     for prefix, example in candidates.items():
-        if prefix in BANNED_PREFIXES or any(not w.strip() for w in prefix):
+        if is_banned_prefix(prefix) or any(not w.strip() for w in prefix):
             continue
         if any(_starts(d, prefix) for d in declined):
             continue

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from execgate.mcp_front.tool import ToolArgumentError, json_type
+from execgate.policy.banned import is_banned_prefix
 from execgate.sandbox import SandboxSpec
 from execgate.visible import command_line, visible
 
@@ -24,47 +25,6 @@ USE_DEFAULT: Final = "use_default"
 REQUIRE_ESCALATED: Final = "require_escalated"
 WITH_ADDITIONAL: Final = "with_additional_permissions"
 MODES: Final = (USE_DEFAULT, REQUIRE_ESCALATED, WITH_ADDITIONAL)
-
-#: Prefixes a "don't ask again" rule may not be: each approves arbitrary code.
-BANNED_PREFIXES: Final = frozenset(
-    tuple(p.split())
-    for p in (
-        "python3",
-        "python3 -c",
-        "python",
-        "python -c",
-        "bash",
-        "bash -lc",
-        "bash -c",
-        "sh",
-        "sh -c",
-        "sh -lc",
-        "zsh -lc",
-        "zsh -c",
-        "/bin/bash -lc",
-        "/bin/bash -c",
-        "/bin/sh -c",
-        "/bin/zsh -lc",
-        "env",
-        "sudo",
-        "node",
-        "node -e",
-        "perl -e",
-        "ruby -e",
-        "php -r",
-        "lua -e",
-        "osascript",
-        "git",
-        "pwsh",
-        "pwsh -Command",
-        "pwsh -c",
-        "powershell",
-        "powershell -Command",
-        "powershell -c",
-        "powershell.exe",
-        "powershell.exe -Command",
-    )
-)
 
 #: What the tools' input schemas gain.
 SCHEMA_PROPERTIES: Final[dict[str, Any]] = {
@@ -210,7 +170,7 @@ def _prefix_rule(rule: object, command: str) -> tuple[str, ...]:
         raise ToolArgumentError("`prefix_rule` must be a non-empty array of words")
     prefix = tuple(rule)
     shown = command_line(prefix)
-    if prefix in BANNED_PREFIXES or (prefix[0].rsplit("/", 1)[-1], *prefix[1:]) in BANNED_PREFIXES:
+    if is_banned_prefix(prefix):
         raise ToolArgumentError(
             f"prefix_rule `{shown}` refused: a rule for it would approve any command (ask "
             "without prefix_rule, or propose a longer, more specific prefix)"

@@ -21,18 +21,6 @@ static int say(char *msg, size_t cap, int err, const char *what)
     return -err;
 }
 
-static int write_text(const char *path, const char *text)
-{
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    size_t n = strlen(text);
-    ssize_t k = write(fd, text, n);
-    int e = errno;
-    close(fd);
-    return k == (ssize_t)n ? 0 : -(k < 0 ? e : EIO);
-}
-
 /* A new network namespace: directly with CAP_SYS_ADMIN, else in a new user namespace (which
  * the mount namespace entered later then belongs to as well). */
 static int enter_netns(char *msg, size_t cap)
@@ -45,16 +33,10 @@ static int enter_netns(char *msg, size_t cap)
     gid_t gid = getegid();
     if (unshare(CLONE_NEWUSER | CLONE_NEWNET) < 0)
         return say(msg, cap, errno, "not privileged, and no user namespace either");
-    char map[64];
-    int r = write_text("/proc/self/setgroups", "deny");
-    if (r < 0 && r != -ENOENT)
-        return say(msg, cap, -r, "/proc/self/setgroups");
-    snprintf(map, sizeof map, "%u %u 1\n", (unsigned)uid, (unsigned)uid);
-    if ((r = write_text("/proc/self/uid_map", map)) < 0)
-        return say(msg, cap, -r, "/proc/self/uid_map");
-    snprintf(map, sizeof map, "%u %u 1\n", (unsigned)gid, (unsigned)gid);
-    if ((r = write_text("/proc/self/gid_map", map)) < 0)
-        return say(msg, cap, -r, "/proc/self/gid_map");
+    const char *what = NULL;
+    int r = sb_map_own_ids(uid, gid, &what);
+    if (r < 0)
+        return say(msg, cap, -r, what);
     return 0;
 }
 

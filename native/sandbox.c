@@ -295,6 +295,27 @@ struct eg_mount_attr {
 #define AT_RECURSIVE 0x8000
 #endif
 
+int sb_map_own_ids(uid_t uid, gid_t gid, const char **what)
+{
+    char map[64];
+    int r = write_file("/proc/self/setgroups", "deny");
+    if (r < 0 && r != -ENOENT) {
+        *what = "user namespace: /proc/self/setgroups";
+        return r;
+    }
+    snprintf(map, sizeof map, "%u %u 1\n", (unsigned)uid, (unsigned)uid);
+    if ((r = write_file("/proc/self/uid_map", map)) < 0) {
+        *what = "user namespace: /proc/self/uid_map";
+        return r;
+    }
+    snprintf(map, sizeof map, "%u %u 1\n", (unsigned)gid, (unsigned)gid);
+    if ((r = write_file("/proc/self/gid_map", map)) < 0) {
+        *what = "user namespace: /proc/self/gid_map";
+        return r;
+    }
+    return 0;
+}
+
 /* Enter a private mount namespace: directly when we may (CAP_SYS_ADMIN), else inside a new
  * user namespace mapping our uid/gid to themselves. *how is "direct" or "userns". */
 static int enter_mount_ns(const char **how, char *msg, size_t cap)
@@ -310,16 +331,10 @@ static int enter_mount_ns(const char **how, char *msg, size_t cap)
             return fail(msg, cap, errno,
                         "cannot create a mount namespace: not privileged, and no user "
                         "namespace either (unshare CLONE_NEWUSER)");
-        char map[64];
-        int r = write_file("/proc/self/setgroups", "deny");
-        if (r < 0 && r != -ENOENT)
-            return fail(msg, cap, -r, "user namespace: /proc/self/setgroups");
-        snprintf(map, sizeof map, "%u %u 1\n", (unsigned)uid, (unsigned)uid);
-        if ((r = write_file("/proc/self/uid_map", map)) < 0)
-            return fail(msg, cap, -r, "user namespace: /proc/self/uid_map");
-        snprintf(map, sizeof map, "%u %u 1\n", (unsigned)gid, (unsigned)gid);
-        if ((r = write_file("/proc/self/gid_map", map)) < 0)
-            return fail(msg, cap, -r, "user namespace: /proc/self/gid_map");
+        const char *what = NULL;
+        int r = sb_map_own_ids(uid, gid, &what);
+        if (r < 0)
+            return fail(msg, cap, -r, what);
         *how = "userns";
     }
     /* Nothing we mount may propagate back to the host. */

@@ -26,6 +26,7 @@
 #define EXECGATE_SANDBOX_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 enum sb_mode { SB_OFF = 0, SB_READ_ONLY, SB_WORKSPACE_WRITE };
 
@@ -69,6 +70,11 @@ int sb_apply(const struct sb_config *c, const char *cwd, char *msg, size_t cap);
  * lines on stdout (and, if a mode other than off was given, the result of a trial application
  * in a throwaway child). Returns the process exit status. */
 int sb_probe(const struct sb_config *c);
+
+/* After unshare(CLONE_NEWUSER | ...): map the caller's own uid and gid (given: read them before
+ * the unshare) to themselves and deny setgroups. 0, or -errno with *what naming the file that
+ * could not be written. For a freshly forked, single-threaded child; allocates nothing. */
+int sb_map_own_ids(uid_t uid, gid_t gid, const char **what);
 
 /* Highest supported Landlock ABI, or -errno. */
 int sb_landlock_abi(void);

@@ -2,7 +2,7 @@
 wheel from it, the wheel installs into a fresh venv, and that install gates for real.
 
 Building in isolated environments and installing every dependency takes a minute or two, so the
-full round trip runs in CI (``CI`` set, as ``.ci/run`` is run) or when asked for with
+full round trip runs in CI (`.ci/run` sets ``EXECGATE_TEST_WHEEL=1``; so does a ``CI`` variable) or when asked for with
 ``EXECGATE_TEST_WHEEL=1``; the metadata checks always run.
 """
 

@@ -2,8 +2,8 @@
 wheel from it, the wheel installs into a fresh venv, and that install gates for real.
 
 Building in isolated environments and installing every dependency takes a minute or two, so the
-full round trip runs in CI (`.ci/run` sets ``EXECGATE_TEST_WHEEL=1``; so does a ``CI`` variable) or when asked for with
-``EXECGATE_TEST_WHEEL=1``; the metadata checks always run.
+full round trip runs when asked for with ``EXECGATE_TEST_WHEEL=1`` (`.ci/run` sets it) or under
+a ``CI`` variable; the metadata checks always run.
 """
 
 from __future__ import annotations

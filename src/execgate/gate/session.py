@@ -21,6 +21,7 @@ import secrets
 import shutil
 import socket
 import tempfile
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,12 @@ import anyio
 import anyio.abc
 
 from execgate import native, paths
-from execgate.decisionlog.recorder import DecisionLog, bounded_argv, permission_entry
+from execgate.decisionlog.recorder import (
+    FLUSH_DELAY,
+    DecisionLog,
+    bounded_argv,
+    permission_entry,
+)
 from execgate.errors import ExecgateError
 from execgate.files import make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
@@ -113,15 +119,84 @@ def log_escalations(path: Path | None = None) -> Path | None:
         return path
     try:
         make_private_dir(path.parent)
-        os.close(open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT))  # created 0600
-        handler = logging.FileHandler(path, encoding="utf-8")
+        handler = BatchedLines(path)  # created 0600
     except OSError as exc:
         log.warning("cannot log escalations to %s: %s", path, exc.strerror)
         return None
-    handler.setFormatter(VisibleFormatter("%(asctime)s %(message)s"))
+    handler.setFormatter(_StampedFormatter("%(asctime)s %(message)s"))
     escalations.addHandler(handler)
     escalations.setLevel(logging.INFO)
     return path
+
+
+class BatchedLines(logging.Handler):
+    """Appends log lines to a file in one ``write`` per batch, shortly after they were logged
+    (:data:`FLUSH_DELAY`, as the decision log), and at exit: a line per escalated exec would
+    cost each exec a write. Whole lines only, on an ``O_APPEND`` descriptor, so several
+    processes can share the file."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.baseFilename = str(path)
+        self._fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._lines: list[str] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._lines.append(self.format(record) + "\n")
+        except Exception:
+            self.handleError(record)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (another thread, a synchronous caller): now
+            self.flush()
+            return
+        if self._timer is not None and self._timer_loop is loop:
+            return
+        if self._timer is not None:  # scheduled on a loop that is gone
+            self.flush()
+        self._timer, self._timer_loop = loop.call_later(FLUSH_DELAY, self.flush), loop
+
+    def flush(self) -> None:
+        with self.lock or contextlib.nullcontext():
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = self._timer_loop = None
+            lines, self._lines = self._lines, []
+            if not lines or self._fd < 0:
+                return
+            view = memoryview("".join(lines).encode("utf-8", "backslashreplace"))
+            try:
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except OSError as exc:
+                log.warning("cannot write %s: %s", self.baseFilename, exc.strerror)
+
+    def close(self) -> None:
+        self.flush()
+        with self.lock or contextlib.nullcontext():
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+        super().close()
+
+
+class _StampedFormatter(VisibleFormatter):
+    """``asctime`` as :class:`logging.Formatter` writes it, the date and time formatted once
+    per second (a line per escalated exec)."""
+
+    _second = -1
+    _stamp = ""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        second = int(record.created)
+        if second != self._second:
+            self._stamp = time.strftime(self.default_time_format, self.converter(record.created))
+            self._second = second
+        return f"{self._stamp},{int(record.msecs):03d}"  # (default_msec_format)
 
 
 def _session_dir_candidates() -> list[Path]:
@@ -614,7 +689,7 @@ class EscalationSession:
             log.info("gate: refused a request from pid %d: %s", peer.pid, exc)
             self._record(exec_, Action(Verdict.DENY, str(exc)), closed=True)
             return protocol.encode_deny(self.denial(exec_, str(exc)))
-        exec_ = vouched(GatedExec.from_request(request, program, interpreters), peer.pid)
+        exec_ = vouched(request, program, interpreters, peer.pid)
         if self.live.fail_closed_reason:
             action = Action(Verdict.DENY, self.live.fail_closed_reason)
         else:

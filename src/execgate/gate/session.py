@@ -13,6 +13,7 @@ files.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import logging
@@ -96,11 +97,12 @@ class SessionDenied(ExecgateError):
         super().__init__(message, exit_status=126)
 
 
-def _log_escalation(exec_: GatedExec, action: Action, sandbox: str) -> None:
-    """One line of the escalations log: an escalation, or a run the server explained."""
+def _log_escalation(exec_: GatedExec, action: Action, sandbox: str, when: float) -> None:
+    """One line of the escalations log: an escalation, or a run the server explained
+    (``when``: the time of the decision)."""
     if action.verdict == Verdict.ESCALATE:
-        escalations.info(
-            "escalated %s (program %s, pid %d, cwd %s, sandbox %s)",
+        message = "escalated %s (program %s, pid %d, cwd %s, sandbox %s)"
+        args: tuple[object, ...] = (
             exec_.display(),
             exec_.realpath or exec_.path,
             exec_.pid,
@@ -108,7 +110,52 @@ def _log_escalation(exec_: GatedExec, action: Action, sandbox: str) -> None:
             sandbox,
         )
     else:
-        escalations.info("%s: %s", exec_.display(), action.reason)
+        message, args = "%s: %s", (exec_.display(), action.reason)
+    record = escalations.makeRecord(
+        escalations.name, logging.INFO, __file__, 0, message, args, None
+    )
+    record.created, record.msecs = when, int((when - int(when)) * 1000) + 0.0
+    escalations.handle(record)
+
+
+class _Unlogged:
+    """Decisions waiting for their line in the escalations log. Building and writing a line
+    costs more than judging the exec, so the lines are made in one batch shortly after the
+    answers went out (:data:`FLUSH_DELAY`, as the decision log's records), when a session
+    closes and at exit: an exec pays a list append, not a turn of the event loop."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[float, GatedExec, Action, str]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        atexit.register(self.flush)
+
+    def add(self, exec_: GatedExec, action: Action, sandbox: str) -> None:
+        self._items.append((time.time(), exec_, action, sandbox))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): now
+            self.flush()
+            return
+        if self._timer is not None and self._loop is loop:
+            return
+        if self._timer is not None:  # scheduled on a loop that is gone
+            self.flush()
+        self._timer, self._loop = loop.call_later(FLUSH_DELAY, self.flush), loop
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = self._loop = None
+        items, self._items = self._items, []
+        for when, exec_, action, sandbox in items:
+            _log_escalation(exec_, action, sandbox, when)
+        if items:
+            for handler in escalations.handlers:
+                handler.flush()
+
+
+_unlogged = _Unlogged()
 
 
 def log_escalations(path: Path | None = None) -> Path | None:
@@ -740,19 +787,13 @@ class EscalationSession:
         *,
         closed: bool = False,
     ) -> None:
-        """Log a decision: the escalations log at once, the decision log after the answer
+        """Log a decision: the escalations log and the decision log, both after the answer
         (``closed``: refused without judging, or with the policy failed closed)."""
         self.verdicts[action.verdict] += 1
         if escalations.isEnabledFor(logging.INFO) and (
             action.verdict == Verdict.ESCALATE or (action.verdict == Verdict.RUN and action.reason)
         ):
-            # Formatting and writing the line cost more than judging the exec: do it after the
-            # answer has gone out (the next turn of the event loop).
-            sandbox_text = self.sandbox_text
-            try:
-                asyncio.get_running_loop().call_soon(_log_escalation, exec_, action, sandbox_text)
-            except RuntimeError:  # no loop (a synchronous caller): now
-                _log_escalation(exec_, action, sandbox_text)
+            _unlogged.add(exec_, action, self.sandbox_text)
         if self.decisions is not None:
             closed = closed or (action.judgement is None and bool(self.live.fail_closed_reason))
             call, sandbox = self.call, self.sandbox_text
@@ -872,6 +913,7 @@ class EscalationSession:
         if self._proxy is not None:  # its listeners' namespaces are gone: nothing is left
             await asyncio.get_running_loop().run_in_executor(None, self._proxy.stop)
             self._proxy = None
+        _unlogged.flush()
         if self.decisions is not None:
             self.decisions.flush()  # the log is the front end's; its records are written now
         if self.sealed_snapshot is not None:

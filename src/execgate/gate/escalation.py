@@ -126,24 +126,30 @@ class JudgementCache:
         self._policy: Policy | None = None
         self._aliases: dict[tuple[int, int], tuple[str, ...]] | None = None
         self._entries: dict[tuple[object, ...], Judgement] = {}
+        # What PolicyEscalation made of a kept judgement, when that depends on nothing else
+        # (see PolicyEscalation.decide): (key, confined, leaves_gate) -> action.
+        self.actions: dict[tuple[object, ...], Action] = {}
 
-    def judge(
+    def key(
         self,
         policy: Policy,
         exec_: GatedExec,
         aliases: dict[tuple[int, int], tuple[str, ...]],
-        contents: ContentIndex,
-    ) -> Judgement:
+    ) -> tuple[object, ...] | None:
+        """What this exec's judgement is kept under (None: it is not kept), once what was
+        kept for another policy or alias table is dropped."""
         if exec_.interpreters or exec_.runs_loader:
-            return judge(policy, exec_, aliases, contents)
+            return None
         if (
             policy is not self._policy
             or aliases is not self._aliases
             or len(self._entries) >= self.LIMIT
+            or len(self.actions) >= self.LIMIT
         ):
             self._entries.clear()
+            self.actions.clear()
             self._policy, self._aliases = policy, aliases
-        key = (
+        return (
             exec_.path,
             exec_.realpath,
             exec_.dev,
@@ -152,6 +158,19 @@ class JudgementCache:
             exec_.cwd,
             exec_.argv,
         )
+
+    def judge(
+        self,
+        policy: Policy,
+        exec_: GatedExec,
+        aliases: dict[tuple[int, int], tuple[str, ...]],
+        contents: ContentIndex,
+        key: tuple[object, ...] | None = None,
+    ) -> Judgement:
+        """``key``: :meth:`key`'s answer for these arguments, when the caller has it."""
+        key = key or self.key(policy, exec_, aliases)
+        if key is None:
+            return judge(policy, exec_, aliases, contents)
         found = self._entries.get(key)
         if found is None:
             found = self._entries[key] = judge(policy, exec_, aliases)
@@ -302,17 +321,46 @@ class PolicyEscalation:
         return Action(verdict, why_not or leaving, judgement=judgement, granted=granted)
 
     def decide(self, exec_: GatedExec, *, confined: bool) -> Action:
+        """The action for ``exec_``. The alias table and content index are read as they are
+        (the caller drains the folder watch right before: LivePolicy.current_contents)."""
+        policy, aliases = self._policy(), self._aliases()
+        key = self._judgements.key(policy, exec_, aliases)
+        if key is None:
+            return self._decide(exec_, confined, policy, aliases, None, look_for_skill=True)
+        # A loop execs the same command over and over: the action made of a kept judgement is
+        # kept too when nothing but the judgement, the file's identity (in the key) and
+        # whether it leaves the gate went into it. A skill script is looked for every time
+        # (a skill may be added at any moment), and a prompt's answer is never kept here.
+        script = self._skill_script(exec_)
+        if script is not None:
+            return self._skill(exec_, script)
+        action_key = (key, confined, exec_.leaves_gate)
+        action = self._judgements.actions.get(action_key)
+        if action is None:
+            action = self._decide(exec_, confined, policy, aliases, key, look_for_skill=False)
+            if _keepable(action):
+                self._judgements.actions[action_key] = action
+        return action
+
+    def _decide(
+        self,
+        exec_: GatedExec,
+        confined: bool,
+        policy: Policy,
+        aliases: dict[tuple[int, int], tuple[str, ...]],
+        key: tuple[object, ...] | None,
+        *,
+        look_for_skill: bool,
+    ) -> Action:
         try:
-            judgement = self._judgements.judge(
-                self._policy(), exec_, self._aliases(), self._contents()
-            )
+            judgement = self._judgements.judge(policy, exec_, aliases, self._contents(), key)
         except ContentError as exc:
             return Action(
                 Verdict.DENY, f"the loaded program cannot be told from a program rules name: {exc}"
             )
         if loader_loads_an_auditor(exec_):
             return Action(Verdict.DENY, "the loader's --audit library could remove the exec gate")
-        script = self._skill_script(exec_)
+        script = self._skill_script(exec_) if look_for_skill else None
         if script is not None:
             return self._skill(exec_, script)
         if judgement.decision is None:
@@ -390,6 +438,20 @@ class PolicyEscalation:
                 tuple(m.matched_prefix) for m in request.judgement.deciding_matches()
             )
         return self._allowed(request.exec, request.judgement, confined, by=approval.by)
+
+
+def _keepable(action: Action) -> bool:
+    """Whether ``action`` follows from its judgement and the exec's key alone: no human, no
+    earlier answer, no skill script, and for an escalation no rule token that names a file by
+    a path (resolved against the file system each time, see :func:`names_file_that_runs`)."""
+    judgement = action.judgement
+    if judgement is None or action.approval is not None or action.granted:
+        return False
+    if judgement.decision is None or judgement.decision == Decision.FORBIDDEN:
+        return True
+    if judgement.decision != Decision.ALLOW:
+        return False
+    return all("/" not in m.rule.program for m in judgement.deciding_matches())
 
 
 def _leaving_note(leaving: str | None, judgement: Judgement, *, by: str = "") -> str:

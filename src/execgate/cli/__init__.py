@@ -15,11 +15,16 @@ from execgate.errors import ExecgateError
 
 # Modules under execgate.cli that add commands; each has register(subparsers).
 COMMAND_MODULES = ["check", "rules", "run", "sandbox", "mcp", "approvals", "log", "completion"]
+# The module of each command (a module named after its command is not listed): a command line
+# naming one imports only that module (start-up time: `execgate run` needs none of the others).
+COMMAND_MODULE_OF = {"trust": "rules", "untrust": "rules"}
 
 Handler = Callable[[argparse.Namespace], int]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; ``only``: just that command module's commands (the others
+    are not imported)."""
     parser = ExecgateParser(
         prog="execgate",
         description="Gate every program execution by policy.",
@@ -31,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-V", "--version", action="version", version=f"execgate {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in COMMAND_MODULES if only is None else [only]:
         try:
             module = import_module(f"execgate.cli.{name}")
         except ModuleNotFoundError as exc:
@@ -44,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _show_warnings_visibly()
-    parser = build_parser()
+    parser = build_parser(_command_module(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
@@ -69,6 +74,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 70
+
+
+def _command_module(argv: Sequence[str]) -> str | None:
+    """The module of the command ``argv`` starts with; None (every module) for anything else
+    (``execgate --help``, a misspelt command: their messages list every command)."""
+    if not argv:
+        return None
+    name = COMMAND_MODULE_OF.get(argv[0], argv[0])
+    return name if name in COMMAND_MODULES else None
 
 
 def _show_warnings_visibly() -> None:

@@ -26,10 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
-
-import anyio
-import anyio.abc
+from typing import TYPE_CHECKING, Any
 
 from execgate import native, paths
 from execgate.decisionlog.recorder import DecisionLog, bounded_argv, permission_entry
@@ -50,19 +47,24 @@ from execgate.gate.escalation import (
 from execgate.gate.identity import ExecFile, IdentityError, describe_path, inspect_descriptors
 from execgate.gate.launcher import LaunchedProcess, Launcher, LauncherError
 from execgate.gate.livepolicy import LivePolicy
-from execgate.gate.network import NetworkGate, NetworkSettings, listener_pair
 from execgate.gate.program import GatedExec, runs_file, vouched
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import GateServer, Peer, Reply
 from execgate.gate.snapshot import SealedSnapshot
 from execgate.gate.standins import StandIns
-from execgate.netproxy.server import NetProxy, ProxyThread
 from execgate.netproxy.variables import PROXY_VARIABLE_NAMES, proxy_variables
 from execgate.policy import allow_rule_line
 from execgate.sandbox import SandboxSpec
 from execgate.sandbox.guarded import guard
 from execgate.sandbox.spec import PROXY_PORT
 from execgate.visible import VisibleFormatter, quote_word, visible
+
+if TYPE_CHECKING:  # imported where used: `execgate run` without a proxy never needs them
+    import anyio
+    import anyio.abc
+
+    from execgate.gate.network import NetworkGate, NetworkSettings
+    from execgate.netproxy.server import ProxyThread
 
 log = logging.getLogger("execgate.session")
 # Every escalation (a program let out of the sandbox), for the record: front ends send it to
@@ -313,7 +315,7 @@ class EscalationSession:
         self._env_rules: EnvRules | None = None
         # Network through the proxy: the proxy's thread, and what points programs at it.
         self.proxied = self.confined and sandbox is not None and sandbox.network_proxy
-        self.network = config.network or NetworkSettings()
+        self.network = config.network  # None: NetworkSettings()
         self.proxy_env = proxy_variables(PROXY_PORT) if self.proxied else {}
         self._proxy: ProxyThread | None = None
         self.network_gate: NetworkGate | None = None
@@ -380,9 +382,12 @@ class EscalationSession:
 
     def _start_proxy(self) -> socket.socket:
         """Start the proxy's thread; returns the launcher's end of the report socket."""
+        from execgate.gate.network import NetworkGate, NetworkSettings, listener_pair
+        from execgate.netproxy.server import NetProxy, ProxyThread
+
         loop = asyncio.get_running_loop()
         self.network_gate = NetworkGate(
-            settings=self.network,
+            settings=self.network or NetworkSettings(),
             policy=lambda: self.live.policy,
             fail_closed_reason=lambda: self.live.fail_closed_reason,
             ask=lambda request: asyncio.run_coroutine_threadsafe(self.ask_human(request), loop),
@@ -715,6 +720,8 @@ class EscalationSession:
         self._asks += 1
         if self._asks == 1 and caller.on_ask:
             caller.on_ask(True)
+        import anyio
+
         # aclose() cancels the scope; its deadline is the session's own backstop.
         scope = anyio.CancelScope(deadline=anyio.current_time() + self.approval_timeout)
         self._asking.add(scope)
@@ -939,6 +946,8 @@ class SessionReserve:
     async def running(self) -> AsyncIterator[SessionReserve]:
         """Spares are opened (and unused ones closed) in a task group living this long; every
         session still held here is closed on the way out."""
+        import anyio
+
         async with anyio.create_task_group() as tasks:
             self._tasks = tasks
             try:
@@ -981,6 +990,8 @@ class _Opening:
     """A session being opened in the background: its result (None if opening failed)."""
 
     def __init__(self, config: SessionConfig) -> None:
+        import anyio
+
         self.config = config
         self._done = anyio.Event()
         self._session: EscalationSession | None = None

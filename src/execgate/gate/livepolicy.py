@@ -56,8 +56,9 @@ class LivePolicy:
         self.fail_closed_reason = fail_closed_reason
         host_executables = dict(policy.host_executables)
         # Watched before a build reads them, so a change during the build is queued: the
-        # folders known beforehand, then those a build found (through a link) and that may
-        # have changed before they were watched: build again (hence a few rounds).
+        # folders known beforehand, then those a build found (through a link), which may have
+        # changed before they were watched: unless what was found there is still there, build
+        # again (hence a few rounds).
         first = set(self.skills.watch_folders()) if self.skills else set()
         first |= folders_to_watch(
             policy.first_tokens(), host_executables, search_path=self.search_path
@@ -71,7 +72,8 @@ class LivePolicy:
             )
             if self.skills:
                 snapshot.folders |= self.skills.watch_folders()
-            if not self._watch.watch(snapshot.folders):
+            added = self._watch.watch(snapshot.folders)
+            if not added or snapshot.still_holds(added):
                 break
         if snapshot.aliases != self.aliases:  # else keep the judgements made with them cached
             self.aliases = snapshot.aliases

@@ -67,6 +67,18 @@ class Snapshot:
     # the folders where a change can give a rule-named path another file (to watch)
     folders: set[str] = field(default_factory=set)
     contents: ContentIndex = field(default_factory=ContentIndex)
+    # canonical folder -> the (path, identity) pairs found through a link into it
+    linked: dict[str, list[tuple[str, FileId]]] = field(default_factory=dict)
+
+    def still_holds(self, folders: Iterable[str]) -> bool:
+        """Whether every file found through a link into one of ``folders`` is still the file
+        recorded (asked once those folders are watched: a change before that is found here,
+        any later one is queued)."""
+        return all(
+            _stat_id(path) == file_id
+            for folder in folders
+            for path, file_id in self.linked.get(folder, ())
+        )
 
     def encode(self, *, ask_always: bool = False) -> bytes:
         hashes = sorted({fnv1a64(name) for name in self.names})
@@ -171,7 +183,10 @@ def build_snapshot(
         snapshot.folders.add(posixpath.dirname(path))
         file_id = _stat_id(path)
         if file_id is not None:
-            snapshot.folders.add(real_dir(path))
+            real = real_dir(path)
+            snapshot.folders.add(real)
+            if real != posixpath.dirname(path):
+                snapshot.linked.setdefault(real, []).append((path, file_id))
             snapshot.files.add(file_id)
             aliases.setdefault(file_id, set()).add(name)
             contents.setdefault(path, set()).add(name)

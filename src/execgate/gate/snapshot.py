@@ -112,10 +112,10 @@ def _stat_id(path: str) -> FileId | None:
 
 
 # Names a folder resolves without listing them (``join(dir, "")`` is the folder itself).
-_NOT_LISTED = frozenset({"", ".", ".."})
+NOT_LISTED = frozenset({"", ".", ".."})
 
 
-def _names_in(folder: str) -> frozenset[str] | None:
+def names_in(folder: str) -> frozenset[str] | None:
     """The entries of ``folder``; empty when it does not exist, None when it cannot be listed
     (searchable but not readable: each name is then looked up on its own)."""
     try:
@@ -202,9 +202,9 @@ def build_snapshot(
         # A folder's names are read once (not a stat per rule name and folder: with thousands
         # of rules that was most of a start-up); the names listed there are then stat-ed.
         snapshot.folders.add(directory)
-        listed = _names_in(directory)
+        listed = names_in(directory)
         for token in bare:
-            if listed is None or token in listed or token in _NOT_LISTED:
+            if listed is None or token in listed or token in NOT_LISTED:
                 record(posixpath.join(directory, token), token)
     for name, paths in host_executables.items():
         snapshot.names.add(os.fsencode(name))

@@ -325,10 +325,10 @@ def test_end_of_session_kills_every_descendant_and_leaves_no_zombie(
     assert result["left_to_us"] == []
     assert result["launcher_status"] == 0
     if scenario == "forkbomb":
-        assert result["descendants"] > 50
+        assert result["descendants"] > 50  # FORKBOMB_POPULATION
     if scenario in ("shutdown", "sigterm", "forkbomb"):
         assert result["main_status"] == signal.SIGTERM  # reported before the launcher exits
-    assert result["elapsed"] < 15
+    assert result["elapsed"] < 60  # ends, not hangs: a bound, not a speed test
 
 
 MAIN_TTY = r"""

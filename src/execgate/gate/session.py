@@ -55,7 +55,6 @@ from execgate.gate.standins import StandIns
 from execgate.netproxy.variables import PROXY_VARIABLE_NAMES, proxy_variables
 from execgate.policy import allow_rule_line
 from execgate.sandbox import SandboxSpec
-from execgate.sandbox.guarded import guard
 from execgate.sandbox.spec import PROXY_PORT
 from execgate.visible import VisibleFormatter, quote_word, visible
 
@@ -335,6 +334,8 @@ class EscalationSession:
             session._server = GateServer(session.socket_path, session)
             spec = None
             if sandbox is not None:
+                from execgate.sandbox.guarded import guard  # (sysconfig: sandboxes only)
+
                 readonly, hidden = guard(sandbox)  # execgate's own files, state and controls
                 spec = sandbox.with_gate_paths(
                     session_dir=session.dir,

@@ -1,0 +1,155 @@
+"""Attacks on the merged whole (sandbox x state folders x reload x unified exec x proxy x log),
+performed for real from inside gated sessions, as root and as an unprivileged user.
+
+Each test names the attack it performs; the ones that once succeeded say what happened then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcpharness import payload, shell_args
+
+WS = ["--sandbox", "workspace-write", "--exclude-tmp", "--exclude-tmpdir"]
+EXECGATE = [sys.executable, "-m", "execgate"]
+
+
+def _run(
+    user: Any, argv: list[str], cwd: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[bytes]:
+    if user is None:
+        return subprocess.run(
+            argv, cwd=cwd, env={**os.environ, **env}, capture_output=True, timeout=120
+        )
+    result: subprocess.CompletedProcess[bytes] = user.run(argv, cwd=cwd, env=env)
+    return result
+
+
+# -- moving a protected folder away from its path ------------------------------------------------
+
+
+def test_a_session_cannot_move_its_rules_folder_and_plant_another(place: Any) -> None:
+    """$EXECGATE_HOME inside the workspace is a read-only carve-out, but the folders above it
+    were not: the session renamed `cfg` (carrying the read-only mount along), made a fresh
+    `cfg/execgate/rules` with an allow rule, the live reload loaded it, and `touch` escalated
+    out of the sandbox (found on the merged main: planted, then outside/escaped existed)."""
+    user, base = place
+    ws, outside = base / "ws", base / "outside"
+    state = ws / "cfg" / "execgate"
+    (state / "rules").mkdir(parents=True)
+    outside.mkdir()
+    (base / "h").mkdir()
+    from .conftest import give_to
+
+    give_to(base, user)
+    env = {"EXECGATE_HOME": str(state), "PATH": "/usr/bin:/bin", "HOME": str(base / "h"),
+           "CODEX_HOME": str(base / "h" / ".codex")}  # fmt: skip
+    rule = 'prefix_rule(["touch"], "allow")'
+    script = (
+        f"mv cfg cfg.moved && mkdir -p cfg/execgate/rules && echo '{rule}' > "
+        "cfg/execgate/rules/x.rules && echo planted && "
+        f"for i in $(seq 40); do touch {outside}/escaped 2>/dev/null && break; sleep 0.25; done; "
+        "echo still working"
+    )
+    done = _run(user, [*EXECGATE, "run", *WS, "--", "bash", "-c", script], ws, env)
+    out = done.stdout.decode()
+    assert not (outside / "escaped").exists(), (out, done.stderr)
+    assert "planted" not in out, out
+    assert "still working" in out, (out, done.stderr)
+    assert not (ws / "cfg.moved").exists()
+
+
+@pytest.mark.parametrize("world", ["root", "unprivileged"], indirect=True)
+def test_mcp_a_call_cannot_turn_a_writable_root_into_a_link_for_the_next_call(world: Any) -> None:
+    """A writable root inside another one (`--workspace work/proj --writable-root work`) was
+    no mount point of its own: call 1 renamed it and put a symlink to a folder outside in its
+    place; call 2's sandbox bind-mounted the link's target as the writable root (found on the
+    merged main: outside/pwned existed)."""
+    m = world.mcp
+    proj = m.work / "proj"
+    proj.mkdir()
+    if world.user is not None:
+        world.user.chown_tree(m.work)
+    swap = f"cd {m.work} && mv proj proj.old && ln -s {m.outside} proj && echo swapped"
+    write = f"touch {proj}/pwned; echo wrote=$?"
+
+    async def scenario() -> list[str]:
+        outputs = []
+        options = ("--workspace", str(proj), "--writable-root", str(m.work))
+        async with world.client(*WS, *options) as client:
+            for command in (swap, write):
+                args = {**shell_args(m, command), "workdir": str(m.work)}
+                outputs.append(str(payload(await client.call_tool("shell", args))["output"]))
+        return outputs
+
+    outputs = asyncio.run(scenario())
+    assert not (m.outside / "pwned").exists(), outputs
+    assert "swapped" not in outputs[0], outputs
+    assert "wrote=" in outputs[1], outputs
+
+
+# -- the decision log, written by a gated process ------------------------------------------------
+
+# With the sandbox off the log is the user's file: a gated process appends well-chained lines
+# whose every field carries terminal escapes, and values of the wrong type.
+FORGE_LOG = r"""
+import hashlib, json, os
+from execgate.paths import decision_log_file
+path = decision_log_file()
+last = path.read_bytes().rstrip(b"\n").split(b"\n")[-1]
+E = "\x1b]0;owned\x07\x1b[2J\x9b1m\u202e"
+records = [
+    {"time": 1.0, "session": "s" + E, "front": "run" + E, "kind": "exec", "argv": ["ls" + E],
+     "program": "/bin/ls" + E, "decision": "escalate" + E, "answer": "session",
+     "answered_by": "terminal", "call": E, "prefix": ["ls" + E], "reason": E},
+    {"time": "yesterday", "session": E, "front": E, "kind": "exec", "argv": "ls",
+     "decision": "nonsense" + E, "answer": E, "answered_by": E},
+    {"time": 1e300, "kind": "exec", "argv": {"a": 1}, "decision": "run", "source": "grant"},
+]
+with open(path, "ab") as f:
+    for record in records:
+        line = json.dumps({**record, "prev": hashlib.sha256(last).hexdigest()},
+                          separators=(",", ":")).encode()
+        f.write(line + b"\n")
+        last = line
+print("forged")
+"""
+
+
+def test_forged_log_lines_reach_no_terminal_raw(place: Any) -> None:
+    """`execgate log`, `approvals grants`, `log replay` and `rules suggest` printed the
+    forged fields (decision, front, session, answer, answered_by, call) raw: an OSC title, a
+    screen clear and a C1 CSI reached the terminal (found on the merged main); a `time` that
+    is no number was a traceback."""
+    user, base = place
+    ws, home = base / "ws", base / "xhome"
+    ws.mkdir()
+    (base / "empty.rules").write_text("")
+    from .conftest import give_to
+
+    give_to(base, user)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {"EXECGATE_HOME": str(home), "PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin",
+           "HOME": str(base), "PYTHONPATH": src}  # fmt: skip
+    (ws / "forge.py").write_text(FORGE_LOG)
+    forged = _run(user, [*EXECGATE, "run", "--sandbox", "off", "--", sys.executable,
+                         "forge.py"], ws, env)  # fmt: skip
+    assert b"forged" in forged.stdout, forged
+    shown = []
+    for command in (["log"], ["log", "--json"], ["approvals", "grants"],
+                    ["log", "replay", "--rules", str(base / "empty.rules")],
+                    ["rules", "suggest", "--min-count", "1"]):  # fmt: skip
+        done = _run(user, [*EXECGATE, *command], ws, env)
+        out = done.stdout + done.stderr
+        assert b"Traceback" not in out, (command, out)
+        for raw in (b"\x1b", b"\x07", "\x9b".encode(), "\u202e".encode()):
+            assert raw not in out, (command, out)
+        shown.append(done.stdout.decode())
+    assert "\\e]0;owned\\a\\e[2J" in shown[0], shown[0]  # shown, escaped
+    assert "\\e]0;owned" in shown[2], shown[2]  # the forged session grant, escaped

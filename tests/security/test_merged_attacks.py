@@ -153,3 +153,43 @@ def test_forged_log_lines_reach_no_terminal_raw(place: Any) -> None:
         shown.append(done.stdout.decode())
     assert "\\e]0;owned\\a\\e[2J" in shown[0], shown[0]  # shown, escaped
     assert "\\e]0;owned" in shown[2], shown[2]  # the forged session grant, escaped
+
+
+# -- a rule-named program running uncovered in a sandbox of its own ------------------------------
+
+
+def test_the_uncovered_program_of_a_confined_run_cannot_be_read_through_proc(
+    attacker: Any,
+) -> None:
+    """`snooze 30` matches no rule but its program is rule-named, so it runs confined in a
+    fresh sandbox where it is not covered by its stand-in. From the session's sandbox the
+    attacker reads `/proc/PID/root/…/snooze`, `/proc/PID/exe` and `/proc/PID/map_files` of
+    that process to copy the real bytes, then runs the copy with the forbidden argument
+    (held: Landlock's ptrace scope denies all three; the copy is of the stand-in)."""
+    import shutil
+
+    shutil.copy("/bin/sleep", attacker.bin / "snooze")
+    attacker.give(attacker.bin)
+    attacker.write_rules('prefix_rule(["snooze", "forever"], "forbidden")\n')
+    program = attacker.bin / "snooze"
+    script = f"""
+        snooze 30 &
+        for i in $(seq 400); do pgrep -x snooze >/dev/null && break; sleep 0.05; done
+        for p in $(pgrep -x snooze); do
+            for f in /proc/$p/root{program} /proc/$p/exe; do
+                head -c 4 "$f" > got 2>/dev/null || echo "denied $f"
+                grep -q ELF got 2>/dev/null && echo "read $f"
+                rm -f got
+            done
+            ls /proc/$p/map_files >/dev/null 2>&1 && echo "listed $p"
+        done
+        cp {program} copy; ./copy forever; echo "copy rc=$?"
+        kill %1; echo still working
+    """
+    done = attacker.run(script, mode="workspace-write")
+    out = done.stdout.decode()
+    assert "still working" in out, (out, done.stderr)
+    assert "read " not in out and "listed " not in out, out
+    assert "copy rc=126" in out, (out, done.stderr)
+    # the program of the confined run was there, and was attacked
+    assert "denied /proc/" in out and "/exe" in out, out

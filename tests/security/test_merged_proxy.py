@@ -8,11 +8,15 @@ proxy let through.
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -212,3 +216,56 @@ def test_a_session_grant_does_not_follow_a_name_to_an_internal_address_never_sho
     assert "still working" in outputs[0], outputs
     assert len(answers.asked) == 2, [a.message for a in answers.asked]
     assert "127.0.0.1" in answers.asked[1].message, answers.asked[1].message
+
+
+# -- one listener per confined spawn, for the whole session ---------------------------------------
+
+
+def _descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_confined_runs_do_not_pile_up_listeners_in_the_server(proxied: Proxied) -> None:
+    """Each confined spawn hands the server the listener of its own network namespace. A
+    rule-named program that matches no rule runs confined in a spawn of its own, so a loop of
+    100 such runs left 100 listeners (and namespaces) held by the server until the session
+    ended (found on the merged main: +100 descriptors; a server at a soft limit of 1024 stops
+    answering execs). A listener now closes when its spawn's process has exited."""
+    p = proxied
+    program = p.work / "bin" / "tru"
+    program.parent.mkdir()
+    shutil.copy("/bin/true", program)
+    p.rules.write_text(f'prefix_rule(["{program}", "never"], "forbidden")\n')
+    if p.as_user is not None:
+        p.as_user.chown_tree(p.work)  # type: ignore[attr-defined]
+    script = (
+        "echo start; while [ ! -e go1 ]; do sleep 0.05; done; "
+        f"for i in $(seq 100); do {program}; done; "
+        "echo ran; while [ ! -e go2 ]; do sleep 0.05; done; echo still working"
+    )
+    argv = p.argv(script)
+    if p.as_user is not None:
+        argv = p.as_user.argv(argv)  # type: ignore[attr-defined]
+    with subprocess.Popen(
+        argv, env=p.env, cwd=p.work, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL, start_new_session=True, text=True,
+    ) as server:  # fmt: skip
+        try:
+            assert server.stdout is not None
+            assert server.stdout.readline() == "start\n"
+            before = _descriptors(server.pid)
+            (p.work / "go1").touch()
+            assert server.stdout.readline() == "ran\n"
+            after = _descriptors(server.pid)
+            for _ in range(100):  # a failure guard: the last listeners close soon after
+                if after < before + 20:
+                    break
+                time.sleep(0.1)
+                after = _descriptors(server.pid)
+            (p.work / "go2").touch()
+            out, err = server.communicate(timeout=60)
+        finally:
+            if server.poll() is None:
+                server.kill()
+    assert "still working" in out, (out, err)
+    assert after < before + 20, (before, after)

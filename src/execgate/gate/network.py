@@ -170,8 +170,8 @@ class NetworkGate:
                 return await refuse(f"execgate: network access to {where} denied: {why}",
                                     rule, source)  # fmt: skip
             if approval.answer in (Answer.ALLOW_SESSION, Answer.ALLOW_ALWAYS):
-                shown = self.session_allowed.get(key, frozenset())
-                self.session_allowed[key] = shown | frozenset(internal)
+                seen = self.session_allowed.get(key, frozenset())
+                self.session_allowed[key] = seen | frozenset(internal)
             if approval.answer == Answer.ALLOW_ALWAYS:
                 asked["rule_line"] = network_allow_line(target.host, target.protocol)
                 asked["rule_file"] = str(paths.user_default_rules_file())

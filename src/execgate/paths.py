@@ -198,3 +198,20 @@ def state_paths() -> list[Path]:
         codex_home() / "rules",
         Path.home() / ".codex" / "rules",
     ]
+
+
+#: Files this process records decisions in besides the log (``--audit FILE``).
+_record_files: list[Path] = []
+
+
+def add_record_file(path: Path) -> None:
+    """``path`` records this process's decisions (``--audit``): every sandbox it starts keeps
+    it read-only, as it keeps the log (a gated process must not rewrite its own record)."""
+    real = Path(os.path.realpath(path))
+    if real not in _record_files:
+        _record_files.append(real)
+
+
+def record_files() -> list[Path]:
+    """The files given to :func:`add_record_file`."""
+    return list(_record_files)

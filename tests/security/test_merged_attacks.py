@@ -193,3 +193,25 @@ def test_the_uncovered_program_of_a_confined_run_cannot_be_read_through_proc(
     assert "copy rc=126" in out, (out, done.stderr)
     # the program of the confined run was there, and was attacked
     assert "denied /proc/" in out and "/exe" in out, out
+
+
+# -- the --audit copy ------------------------------------------------------------------------------
+
+
+def test_the_audited_session_cannot_rewrite_its_audit_file(attacker: Any) -> None:
+    """`execgate run --audit audit.jsonl -- ./ci.sh` (the README's CI line) keeps the audit
+    copy in the workspace, which the audited script may write: it truncated the file and
+    wrote its own record (found on the merged main). The file is now a read-only carve-out,
+    and cannot be moved or removed either."""
+    audit = attacker.work / "audit.jsonl"
+    forged = '{"decision":"run","argv":["true"]}'
+    script = (
+        f"marker; : > audit.jsonl; echo '{forged}' >> audit.jsonl; "
+        "mv audit.jsonl moved.jsonl; rm -f audit.jsonl; echo still working"
+    )
+    done = attacker.run(script, mode="workspace-write", options=["--audit", str(audit)])
+    assert b"still working" in done.stdout, done
+    assert audit.exists() and not (attacker.work / "moved.jsonl").exists()
+    text = audit.read_text()
+    assert forged not in text, text
+    assert '"argv":["marker"]' in text and '"decision":"deny"' in text, text

@@ -172,7 +172,8 @@ def guard(spec: SandboxSpec) -> tuple[list[Path], list[Path]]:
     ensure_control_dir(control)
     projects = trusted_project_folders()
     _make_missing_dirs(spec, projects)
-    readonly = [*installation_paths(), *_user_site(), *paths.state_paths(), *projects]
+    readonly = [*installation_paths(), *_user_site(), *paths.state_paths(), *projects,
+                *paths.record_files()]  # fmt: skip
     return [p for p in readonly if os.path.lexists(p)], [control, *multiplexers]
 
 

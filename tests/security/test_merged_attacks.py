@@ -10,6 +10,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +216,72 @@ def test_the_audited_session_cannot_rewrite_its_audit_file(attacker: Any) -> Non
     text = audit.read_text()
     assert forged not in text, text
     assert '"argv":["marker"]' in text and '"decision":"deny"' in text, text
+
+
+# -- another session's folder ----------------------------------------------------------------------
+
+# Run in session A's sandbox: take over session B's gate socket (its folder is in /dev/shm,
+# which A may write) and answer "run" to whatever B's processes ask.
+FAKE_GATE = r"""
+import os, socket, sys, time
+from execgate.gate import protocol
+path = open(sys.argv[1]).read().strip()
+try:
+    os.unlink(path)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen(8)
+    print("took over", flush=True)
+except OSError as exc:
+    print("refused:", exc.strerror, flush=True)
+    server = None
+open(sys.argv[2], "w").close()  # B may go on
+if server is not None:
+    server.settimeout(10)
+    try:
+        while True:
+            conn, _ = server.accept()
+            conn.recv(65536)
+            conn.sendall(protocol.RUN)
+            conn.close()
+    except OSError:
+        pass
+print("still working", flush=True)
+"""
+
+
+def test_a_sandbox_cannot_reach_into_another_sessions_folder(attacker: Any) -> None:
+    """Session B (`--sandbox off`, the user's own) keeps its gate socket, snapshot and
+    stand-in table in /dev/shm; session A (`workspace-write`, whose writable roots include
+    /dev/shm by default) replaced B's gate socket with its own server answering "run", and
+    B's forbidden `marker` ran (found on the merged main). Session folders now live in a
+    folder of the user's that every sandbox keeps read-only."""
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    (attacker.work / "fake.py").write_text(FAKE_GATE)
+    attacker.give(attacker.work)
+    victim = [*EXECGATE, "run", "--rules", str(attacker.rules), "--sandbox", "off", "--", "bash",
+              "-c", 'echo "$EXECGATE_SOCKET" > b-socket; while [ ! -e go ]; do sleep 0.05; '
+              'done; marker; echo "marker rc=$?"']  # fmt: skip
+    env = {**attacker.env, "PYTHONPATH": src}
+    argv = attacker.user.argv(victim) if attacker.user else victim
+    with subprocess.Popen(argv, env=env, cwd=attacker.work, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as b:  # fmt: skip
+        try:
+            for _ in range(600):  # a failure guard
+                if (attacker.work / "b-socket").exists() or b.poll() is not None:
+                    break
+                time.sleep(0.05)
+            a = attacker.run(
+                f"{sys.executable} fake.py b-socket go",
+                mode="off",
+                options=["--sandbox", "workspace-write"],  # /tmp and /dev/shm writable
+                env={"PYTHONPATH": src},
+            )
+            out, err = b.communicate(timeout=60)
+        finally:
+            if b.poll() is None:
+                b.kill()
+    assert b"still working" in a.stdout, a
+    assert not attacker.ran(), (a.stdout, out, err)
+    assert b"took over" not in a.stdout, a.stdout
+    assert b"marker rc=126" in out, (out, err)

@@ -34,7 +34,7 @@ import anyio.abc
 from execgate import native, paths
 from execgate.decisionlog.recorder import DecisionLog, bounded_argv, permission_entry
 from execgate.errors import ExecgateError
-from execgate.files import make_private_dir, open_private, write_atomically
+from execgate.files import is_own_private_dir, make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
 from execgate.gate.cleanenv import cleaned_variables
 from execgate.gate.content import NO_CONTENTS, ContentIndex
@@ -125,12 +125,7 @@ def log_escalations(path: Path | None = None) -> Path | None:
 
 
 def _session_dir_candidates() -> list[Path]:
-    candidates = []
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        candidates.append(Path(runtime))
-    candidates += [Path("/dev/shm"), paths.execgate_home() / "run", Path("/tmp")]
-    return candidates
+    return paths.session_folders()
 
 
 _swept = False
@@ -157,6 +152,8 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
     for base in sorted(candidates, key=writable):  # stable: outside-the-sandbox ones first
         try:
             make_private_dir(base)
+            if not is_own_private_dir(base):  # made by another user first: not ours to use
+                continue
             path = Path(tempfile.mkdtemp(prefix=f"execgate-{os.getuid()}-", dir=base))
             (path / _OWNER).write_text(_owner_of(os.getpid()) + "\n")
         except OSError:
@@ -165,8 +162,7 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
             return path
         shutil.rmtree(path, ignore_errors=True)
     raise ExecgateError(
-        "found no folder for the session socket (tried $XDG_RUNTIME_DIR, /dev/shm, "
-        "$EXECGATE_HOME/run, /tmp)"
+        "found no folder for the session socket (tried " + ", ".join(map(str, candidates)) + ")"
     )
 
 

@@ -285,3 +285,41 @@ def test_a_sandbox_cannot_reach_into_another_sessions_folder(attacker: Any) -> N
     assert not attacker.ran(), (a.stdout, out, err)
     assert b"took over" not in a.stdout, a.stdout
     assert b"marker rc=126" in out, (out, err)
+
+
+# -- an allowed git in a repository the sandbox wrote ---------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["workspace-write", "strict-exec"])
+def test_an_allowed_git_never_runs_a_repository_the_sandbox_wrote(attacker: Any, mode: str) -> None:
+    """`prefix_rule(["git", "status"], "allow")` escalates `git status`, which runs the
+    repository's `core.fsmonitor`. `<root>/.git` is read-only when it exists at the spawn,
+    but a repository made inside the sandbox (a nested one, or `.git` created in the root
+    after the spawn) was not: its `core.fsmonitor` ran outside (found on the merged main:
+    both witnesses existed). Such an escalation now runs in place, in the sandbox."""
+    attacker.write_rules('prefix_rule(["git", "status"], "allow")\n')
+    out = attacker.outside
+    script = f"""
+        export GIT_CONFIG_NOSYSTEM=1 HOME={attacker.work}
+        git init -q sub && cp -r sub/.git .git  # .git in the root, made after the spawn
+        git -C sub config core.fsmonitor "touch {out}/nested; false"
+        printf '[core]\n\tfsmonitor = "touch {out}/root; false"\n' >> .git/config
+        (cd sub && git status >/dev/null 2>&1); echo "nested status $?"
+        git status >/dev/null 2>&1; echo "root status $?"
+        echo still working
+    """
+    # A repository read-only in the sandbox (`.git` there at the spawn, in a writable root)
+    # still escalates: its fsmonitor, set up by the user, writes where only outside can.
+    legit = attacker.base / "legit"
+    legit.mkdir()
+    subprocess.run(["git", "init", "-q", str(legit)], check=True)
+    subprocess.run(["git", "-C", str(legit), "config", "core.fsmonitor",
+                    f"touch {out}/legit; false"], check=True)  # fmt: skip
+    attacker.give(legit)
+    script += f"cd {legit} && git status >/dev/null 2>&1; echo legit status $?\n"
+    done = attacker.run(script, mode=mode, options=["--writable-root", str(legit)])
+    text = done.stdout.decode()
+    assert "still working" in text, (text, done.stderr)
+    assert not (out / "nested").exists() and not (out / "root").exists(), (text, done.stderr)
+    assert "nested status 0" in text and "root status 0" in text, (text, done.stderr)
+    assert (out / "legit").exists(), (text, done.stderr)

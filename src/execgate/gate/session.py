@@ -23,7 +23,7 @@ import socket
 import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -47,6 +47,7 @@ from execgate.gate.escalation import (
     Verdict,
     no_one_to_ask,
 )
+from execgate.gate.gitrepo import sandbox_writable_repository
 from execgate.gate.identity import ExecFile, IdentityError, describe_path, inspect_descriptors
 from execgate.gate.launcher import LaunchedProcess, Launcher, LauncherError
 from execgate.gate.livepolicy import LivePolicy
@@ -206,6 +207,23 @@ def remove_stale_session_dirs(bases: Sequence[Path]) -> list[Path]:
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(Path(entry.path))
     return removed
+
+
+def _in_place_from_writable_repository(exec_: GatedExec, action: Action, confined: bool) -> Action:
+    """An escalation out of a sandbox that can write the git repository it would start in
+    runs in place instead: an escalated program (git, or whatever runs git) would run that
+    repository's hooks and config outside (gate/gitrepo.py)."""
+    if not confined or action.verdict != Verdict.ESCALATE:
+        return action
+    dot_git = sandbox_writable_repository(exec_.pid, exec_.cwd)
+    if dot_git is None:
+        return action
+    return replace(
+        action,
+        verdict=Verdict.RUN,
+        reason=f"not escalated: it would start in the git repository {dot_git}, which the "
+        "sandbox can write (its hooks and config would run outside the sandbox)",
+    )
 
 
 @dataclass(frozen=True)
@@ -620,6 +638,7 @@ class EscalationSession:
             return self._ask_then_answer(
                 exec_, request, fds[-1], action.approval, confined, standin=standin
             )
+        action = _in_place_from_writable_repository(exec_, action, confined)
         self._record(exec_, action)
         return self._encode(exec_, request, fds[-1], action, standin=standin)
 
@@ -692,6 +711,7 @@ class EscalationSession:
         standin: bool,
     ) -> bytes:
         action, answer_given = await self._ask(approval, confined=confined)
+        action = _in_place_from_writable_repository(exec_, action, confined)
         self._record(exec_, action, (approval, answer_given))
         answer = self._encode(exec_, request, runs, action, standin=standin)
         return answer if isinstance(answer, bytes) else await answer

@@ -126,7 +126,9 @@ def log_escalations(path: Path | None = None) -> Path | None:
 
 
 def _session_dir_candidates() -> list[Path]:
-    return paths.session_folders()
+    # Last, where every sandbox of the user cannot keep them read-only: only when none of the
+    # session folders can be used (execgate run inside another execgate's sandbox).
+    return [*paths.session_folders(), Path("/dev/shm"), Path("/tmp")]
 
 
 _swept = False

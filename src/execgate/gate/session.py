@@ -23,7 +23,7 @@ import socket
 import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from execgate import native, paths
 from execgate.decisionlog.recorder import DecisionLog, bounded_argv, permission_entry
 from execgate.errors import ExecgateError
-from execgate.files import make_private_dir, open_private, write_atomically
+from execgate.files import is_own_private_dir, make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
 from execgate.gate.cleanenv import cleaned_variables
 from execgate.gate.content import NO_CONTENTS, ContentIndex
@@ -44,6 +44,7 @@ from execgate.gate.escalation import (
     Verdict,
     no_one_to_ask,
 )
+from execgate.gate.gitrepo import sandbox_writable_repository
 from execgate.gate.identity import ExecFile, IdentityError, describe_path, inspect_descriptors
 from execgate.gate.launcher import LaunchedProcess, Launcher, LauncherError
 from execgate.gate.livepolicy import LivePolicy
@@ -126,12 +127,9 @@ def log_escalations(path: Path | None = None) -> Path | None:
 
 
 def _session_dir_candidates() -> list[Path]:
-    candidates = []
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        candidates.append(Path(runtime))
-    candidates += [Path("/dev/shm"), paths.execgate_home() / "run", Path("/tmp")]
-    return candidates
+    # Last, where every sandbox of the user cannot keep them read-only: only when none of the
+    # session folders can be used (execgate run inside another execgate's sandbox).
+    return [*paths.session_folders(), Path("/dev/shm"), Path("/tmp")]
 
 
 _swept = False
@@ -158,6 +156,8 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
     for base in sorted(candidates, key=writable):  # stable: outside-the-sandbox ones first
         try:
             make_private_dir(base)
+            if not is_own_private_dir(base):  # made by another user first: not ours to use
+                continue
             path = Path(tempfile.mkdtemp(prefix=f"execgate-{os.getuid()}-", dir=base))
             (path / _OWNER).write_text(_owner_of(os.getpid()) + "\n")
         except OSError:
@@ -166,8 +166,7 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
             return path
         shutil.rmtree(path, ignore_errors=True)
     raise ExecgateError(
-        "found no folder for the session socket (tried $XDG_RUNTIME_DIR, /dev/shm, "
-        "$EXECGATE_HOME/run, /tmp)"
+        "found no folder for the session socket (tried " + ", ".join(map(str, candidates)) + ")"
     )
 
 
@@ -211,6 +210,23 @@ def remove_stale_session_dirs(bases: Sequence[Path]) -> list[Path]:
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(Path(entry.path))
     return removed
+
+
+def _in_place_from_writable_repository(exec_: GatedExec, action: Action, confined: bool) -> Action:
+    """An escalation out of a sandbox that can write the git repository it would start in
+    runs in place instead: an escalated program (git, or whatever runs git) would run that
+    repository's hooks and config outside (gate/gitrepo.py)."""
+    if not confined or action.verdict != Verdict.ESCALATE:
+        return action
+    dot_git = sandbox_writable_repository(exec_.pid, exec_.cwd)
+    if dot_git is None:
+        return action
+    return replace(
+        action,
+        verdict=Verdict.RUN,
+        reason=f"not escalated: it would start in the git repository {dot_git}, which the "
+        "sandbox can write (its hooks and config would run outside the sandbox)",
+    )
 
 
 @dataclass(frozen=True)
@@ -630,6 +646,7 @@ class EscalationSession:
             return self._ask_then_answer(
                 exec_, request, fds[-1], action.approval, confined, standin=standin
             )
+        action = _in_place_from_writable_repository(exec_, action, confined)
         self._record(exec_, action)
         return self._encode(exec_, request, fds[-1], action, standin=standin)
 
@@ -702,6 +719,7 @@ class EscalationSession:
         standin: bool,
     ) -> bytes:
         action, answer_given = await self._ask(approval, confined=confined)
+        action = _in_place_from_writable_repository(exec_, action, confined)
         self._record(exec_, action, (approval, answer_given))
         answer = self._encode(exec_, request, runs, action, standin=standin)
         return answer if isinstance(answer, bytes) else await answer

@@ -139,8 +139,9 @@ def _configure_logging(args: argparse.Namespace) -> None:
 def run_mcp(args: argparse.Namespace) -> int:
     from execgate.mcp_front.opening import Preparation, answer_opening, claim_stdio
 
+    seen = _rules_now(args.rules)  # the rules in force are those of the first answer
     stdio = claim_stdio()
-    preparation = Preparation(lambda: _prepare(args))
+    preparation = Preparation(lambda: _prepare(args, seen))
     opening = answer_opening(stdio, preparation.done_fd)
     options, state = preparation.result()  # a bad configuration or policy: its one line
     if opening.eof and not opening.unread.strip():  # the client left after the handshake
@@ -155,7 +156,20 @@ def run_mcp(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prepare(args: argparse.Namespace) -> tuple[McpOptions, PolicyState]:
+def _rules_now(rules: list[Path] | None) -> dict[str, os.stat_result | None]:
+    """The ``--rules`` files as they are now (the policy is loaded after the first answer)."""
+    seen: dict[str, os.stat_result | None] = {}
+    for path in rules or ():
+        try:
+            seen[os.path.abspath(path)] = os.stat(path)
+        except OSError:
+            seen[os.path.abspath(path)] = None
+    return seen
+
+
+def _prepare(
+    args: argparse.Namespace, seen: dict[str, os.stat_result | None]
+) -> tuple[McpOptions, PolicyState]:
     """Everything the server needs before its first tool call (run in a thread while the
     opening is answered): configuration, sandbox, decision log, policy."""
     from execgate import paths
@@ -222,4 +236,4 @@ def _prepare(args: argparse.Namespace) -> tuple[McpOptions, PolicyState]:
         if args.tools is None
         else check_tools(tuple(n.strip() for n in args.tools.split(",") if n.strip()), "--tools"),
     )
-    return options, PolicyState(options, source, first)
+    return options, PolicyState(options, source, first, seen)

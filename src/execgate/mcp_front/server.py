@@ -23,7 +23,7 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from execgate.gate.escalation import (
 )
 from execgate.gate.livepolicy import GatePolicy, PolicySource
 from execgate.gate.network import NetworkSettings, default_for
-from execgate.gate.reload import Loaded, PolicyReloader
+from execgate.gate.reload import Loaded, PolicyReloader, Signature, signature, stat_signature
 from execgate.gate.session import (
     SessionConfig,
     SessionReserve,
@@ -167,9 +167,17 @@ class McpOptions:
 class PolicyState:
     """The gate policy of this server and its reloader."""
 
-    def __init__(self, options: McpOptions, source: PolicySource, first: LoadedPolicy) -> None:
+    def __init__(
+        self,
+        options: McpOptions,
+        source: PolicySource,
+        first: LoadedPolicy,
+        seen: Mapping[str, os.stat_result | None] | None = None,
+    ) -> None:
         """``first``: the policy ``source`` loaded at start (a PolicyError, one line naming
-        file:line:col, stopped the start before)."""
+        file:line:col, stopped the start before); ``seen``: rules files (absolute paths) as
+        they were when the client was first answered, before ``first`` was loaded: a change
+        since then is a reload, as any later one."""
         self.source = source
         self._report(first)
         self.gate = GatePolicy(
@@ -180,7 +188,11 @@ class PolicyState:
             skills=skill_scripts(options.config),
         )
         self.reloader = PolicyReloader(
-            self._load, self._apply, first.watch_paths, interval=options.reload_interval
+            self._load,
+            self._apply,
+            first.watch_paths,
+            interval=options.reload_interval,
+            since=_as_seen(first.watch_paths, seen or {}),
         )
 
     @staticmethod
@@ -197,6 +209,14 @@ class PolicyState:
 
     def _apply(self, loaded: Loaded[LoadedPolicy]) -> None:
         self.gate.apply(loaded.value)
+
+
+def _as_seen(paths: Sequence[Path], seen: Mapping[str, os.stat_result | None]) -> Signature:
+    now = signature(paths)
+    return tuple(
+        (stat_signature(st) if (st := seen[key]) is not None else None) if key in seen else sig
+        for key, sig in zip((os.path.abspath(p) for p in paths), now, strict=True)
+    )
 
 
 # -- the server ----------------------------------------------------------------------------------

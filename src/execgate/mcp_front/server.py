@@ -343,6 +343,8 @@ class McpFrontEnd:
         await self.control.start()
         async with self.sessions.running(), anyio.create_task_group() as tasks:
             self._tasks = tasks
+            # The first call's session opens while the client is still starting up.
+            self.sessions.prime(self._session_config(self.options.sandbox))
             tasks.start_soon(self.state.reloader.run)
             try:
                 await self.peer.run(self)

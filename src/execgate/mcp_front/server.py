@@ -235,6 +235,18 @@ def _answer_source(by: str) -> str:
     return "approvals" if by.startswith("execgate approvals") else "elicitation"
 
 
+class _Described:
+    """A call's sandbox in a log line, described only if the line is written (-q: never)."""
+
+    __slots__ = ("spec",)
+
+    def __init__(self, spec: SandboxSpec | None) -> None:
+        self.spec = spec
+
+    def __str__(self) -> str:
+        return self.spec.describe() if self.spec is not None else "off"
+
+
 def _is_codex(ctx: Context) -> bool:
     return ctx.client.name.lower().startswith("codex")
 
@@ -539,7 +551,7 @@ class McpFrontEnd:
             args.timeout_ms,
             "login shell" if args.login else "non-login shell",
             sandbox_source,
-            allowed.describe() if allowed else "off",
+            _Described(allowed),
         )
         self.calls.add(call)
         call.start(self.tasks, asker)
@@ -607,7 +619,7 @@ class McpFrontEnd:
             "tty" if args.tty else "pipes",
             args.yield_ms,
             sandbox_source,
-            allowed.describe() if allowed else "off",
+            _Described(allowed),
         )
         self.processes.add(process)
         process.start(self.tasks, asker)

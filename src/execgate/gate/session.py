@@ -995,6 +995,14 @@ class SessionReserve:
             self._start(self._spare.run)
         return session
 
+    def prime(self, config: SessionConfig) -> None:
+        """Open a spare for ``config`` now, while nobody waits (a front end that can tell what
+        its first caller will ask for: the first call need not wait for a launcher)."""
+        if self._spare is None and self._tasks is not None:
+            self._key = config.key
+            self._spare = _Opening(config)
+            self._start(self._spare.run)
+
     def _start(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         if self._tasks is not None:
             self._tasks.start_soon(work)

@@ -523,7 +523,9 @@ class EscalationSession:
         stdio: Mapping[int, int],
         pgid: int = -1,
     ) -> LaunchedProcess:
-        """Gate and start the session's own command (as if the session exec'd it)."""
+        """Gate and start the session's own command (as if the session exec'd it). The session
+        ends with it: once it and everything it left have exited, the launcher exits by itself,
+        and nothing more can be spawned (front ends close the session then)."""
         program = resolve_command(argv[0], cwd=cwd, path=env.get("PATH", os.defpath))
         exec_ = describe_exec(
             program, argv, cwd=cwd, via="session", contents=self.live.current_contents()
@@ -553,6 +555,7 @@ class EscalationSession:
             sandboxed=self.confined and not escalate,
             pgid=pgid,
             main=True,
+            last=True,
         )
 
     # -- exec requests (RequestHandler) ---------------------------------------------------

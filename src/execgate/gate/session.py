@@ -1007,13 +1007,15 @@ class _Opening:
         self._closed = False
 
     async def run(self) -> None:
-        if self._after is not None:
-            with self._waiting:
-                await self._after.wait()
-                # The call that just ended publishes its outcome, and the front end sends its
-                # answer, first (a few turns of the loop; a client's next call comes later).
-                await anyio.sleep(REFILL_PAUSE)
         try:
+            if self._after is not None:
+                with self._waiting:
+                    await self._after.wait()
+                    # The call that just ended publishes its outcome, and the front end sends
+                    # its answer, first (a few turns of the loop; the next call comes later).
+                    await anyio.sleep(REFILL_PAUSE)
+            if self._closed:  # given up before it was opened
+                return
             session = await EscalationSession.open(self.config)
         except Exception:
             log.debug("could not open a spare session", exc_info=True)

@@ -302,6 +302,7 @@ class EscalationSession:
         # Set once, before anything of the session runs (None: a reserve's spare, see attach).
         self._caller = caller
         self._closing = False
+        self.closed = anyio.Event()  # set once aclose() is done (SessionReserve waits for it)
         self._asking: set[anyio.CancelScope] = set()
         self._asks = 0
         self.verdicts: Counter[Verdict] = Counter()  # decisions so far (a summary's counts)
@@ -544,7 +545,9 @@ class EscalationSession:
         stdio: Mapping[int, int],
         pgid: int = -1,
     ) -> LaunchedProcess:
-        """Gate and start the session's own command (as if the session exec'd it)."""
+        """Gate and start the session's own command (as if the session exec'd it). The session
+        ends with it: once it and everything it left have exited, the launcher exits by itself,
+        and nothing more can be spawned (front ends close the session then)."""
         program = resolve_command(argv[0], cwd=cwd, path=env.get("PATH", os.defpath))
         exec_ = describe_exec(
             program, argv, cwd=cwd, via="session", contents=self.live.current_contents()
@@ -574,6 +577,7 @@ class EscalationSession:
             sandboxed=self.confined and not escalate,
             pgid=pgid,
             main=True,
+            last=True,
         )
 
     # -- exec requests (RequestHandler) ---------------------------------------------------
@@ -828,6 +832,7 @@ class EscalationSession:
         if self.sealed_snapshot is not None:
             self.sealed_snapshot.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        self.closed.set()
 
 
 def _close_all(fds: Sequence[int]) -> None:
@@ -953,7 +958,11 @@ class SessionReserve:
 
     Sessions are interchangeable only when opened with the same :class:`SessionConfig` key;
     :meth:`take` hands out the spare when it matches and opens the next one in the background
-    (in :meth:`run`'s task group). Spares have no caller: :meth:`take` attaches the taker's.
+    (in :meth:`running`'s task group) once the session it handed out has closed, or has run
+    for :data:`REFILL_AFTER` seconds: opening one costs milliseconds of this process's CPU (on
+    the event loop) and of the machine's, which must not delay the call's own shell, its exit
+    report or its answer. A caller arriving before that takes the spare at once. Spares have
+    no caller: :meth:`take` attaches the taker's.
     """
 
     def __init__(self) -> None:
@@ -991,7 +1000,7 @@ class SessionReserve:
         else:
             session.attach(caller)
         if self._tasks is not None:
-            self._spare = _Opening(config)
+            self._spare = _Opening(config, after=session.closed)
             self._start(self._spare.run)
         return session
 
@@ -1013,19 +1022,40 @@ class SessionReserve:
             await spare.close()
 
 
-class _Opening:
-    """A session being opened in the background: its result (None if opening failed)."""
+#: How long a spare waits for the session handed out before it to close (a long call gets
+#: the next spare while it still runs).
+REFILL_AFTER = 0.25
+#: How long after that close it waits before opening (the call's answer goes out first).
+REFILL_PAUSE = 0.002
 
-    def __init__(self, config: SessionConfig) -> None:
+
+class _Opening:
+    """A session being opened in the background: its result (None if opening failed).
+    ``after``: open it once this is set (or :data:`REFILL_AFTER` has passed, or someone wants
+    the result)."""
+
+    def __init__(self, config: SessionConfig, after: anyio.Event | None = None) -> None:
         import anyio
 
         self.config = config
+        self._after = after
+        self._waiting = anyio.CancelScope(deadline=anyio.current_time() + REFILL_AFTER)
         self._done = anyio.Event()
         self._session: EscalationSession | None = None
         self._closed = False
 
     async def run(self) -> None:
+        import anyio
+
         try:
+            if self._after is not None:
+                with self._waiting:
+                    await self._after.wait()
+                    # The call that just ended publishes its outcome, and the front end sends
+                    # its answer, first (a few turns of the loop; the next call comes later).
+                    await anyio.sleep(REFILL_PAUSE)
+            if self._closed:  # given up before it was opened
+                return
             session = await EscalationSession.open(self.config)
         except Exception:
             log.debug("could not open a spare session", exc_info=True)
@@ -1038,6 +1068,7 @@ class _Opening:
             self._done.set()
 
     async def result(self) -> EscalationSession | None:
+        self._waiting.cancel()  # needed now
         await self._done.wait()
         return self._session
 

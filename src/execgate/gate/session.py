@@ -13,6 +13,7 @@ files.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import logging
@@ -21,6 +22,7 @@ import secrets
 import shutil
 import socket
 import tempfile
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,7 +31,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from execgate import native, paths
-from execgate.decisionlog.recorder import DecisionLog, bounded_argv, permission_entry
+from execgate.decisionlog.recorder import (
+    FLUSH_DELAY,
+    DecisionLog,
+    bounded_argv,
+    permission_entry,
+)
 from execgate.errors import ExecgateError
 from execgate.files import is_own_private_dir, make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
@@ -92,11 +99,12 @@ class SessionDenied(ExecgateError):
         super().__init__(message, exit_status=126)
 
 
-def _log_escalation(exec_: GatedExec, action: Action, sandbox: str) -> None:
-    """One line of the escalations log: an escalation, or a run the server explained."""
+def _log_escalation(exec_: GatedExec, action: Action, sandbox: str, when: float) -> None:
+    """One line of the escalations log: an escalation, or a run the server explained
+    (``when``: the time of the decision)."""
     if action.verdict == Verdict.ESCALATE:
-        escalations.info(
-            "escalated %s (program %s, pid %d, cwd %s, sandbox %s)",
+        message = "escalated %s (program %s, pid %d, cwd %s, sandbox %s)"
+        args: tuple[object, ...] = (
             exec_.display(),
             exec_.realpath or exec_.path,
             exec_.pid,
@@ -104,7 +112,52 @@ def _log_escalation(exec_: GatedExec, action: Action, sandbox: str) -> None:
             sandbox,
         )
     else:
-        escalations.info("%s: %s", exec_.display(), action.reason)
+        message, args = "%s: %s", (exec_.display(), action.reason)
+    record = escalations.makeRecord(
+        escalations.name, logging.INFO, __file__, 0, message, args, None
+    )
+    record.created, record.msecs = when, int((when - int(when)) * 1000) + 0.0
+    escalations.handle(record)
+
+
+class _Unlogged:
+    """Decisions waiting for their line in the escalations log. Building and writing a line
+    costs more than judging the exec, so the lines are made in one batch shortly after the
+    answers went out (:data:`FLUSH_DELAY`, as the decision log's records), when a session
+    closes and at exit: an exec pays a list append, not a turn of the event loop."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[float, GatedExec, Action, str]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        atexit.register(self.flush)
+
+    def add(self, exec_: GatedExec, action: Action, sandbox: str) -> None:
+        self._items.append((time.time(), exec_, action, sandbox))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): now
+            self.flush()
+            return
+        if self._timer is not None and self._loop is loop:
+            return
+        if self._timer is not None:  # scheduled on a loop that is gone
+            self.flush()
+        self._timer, self._loop = loop.call_later(FLUSH_DELAY, self.flush), loop
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = self._loop = None
+        items, self._items = self._items, []
+        for when, exec_, action, sandbox in items:
+            _log_escalation(exec_, action, sandbox, when)
+        if items:
+            for handler in escalations.handlers:
+                handler.flush()
+
+
+_unlogged = _Unlogged()
 
 
 def log_escalations(path: Path | None = None) -> Path | None:
@@ -115,15 +168,84 @@ def log_escalations(path: Path | None = None) -> Path | None:
         return path
     try:
         make_private_dir(path.parent)
-        os.close(open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT))  # created 0600
-        handler = logging.FileHandler(path, encoding="utf-8")
+        handler = BatchedLines(path)  # created 0600
     except OSError as exc:
         log.warning("cannot log escalations to %s: %s", path, exc.strerror)
         return None
-    handler.setFormatter(VisibleFormatter("%(asctime)s %(message)s"))
+    handler.setFormatter(_StampedFormatter("%(asctime)s %(message)s"))
     escalations.addHandler(handler)
     escalations.setLevel(logging.INFO)
     return path
+
+
+class BatchedLines(logging.Handler):
+    """Appends log lines to a file in one ``write`` per batch, shortly after they were logged
+    (:data:`FLUSH_DELAY`, as the decision log), and at exit: a line per escalated exec would
+    cost each exec a write. Whole lines only, on an ``O_APPEND`` descriptor, so several
+    processes can share the file."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.baseFilename = str(path)
+        self._fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._lines: list[str] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._lines.append(self.format(record) + "\n")
+        except Exception:
+            self.handleError(record)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (another thread, a synchronous caller): now
+            self.flush()
+            return
+        if self._timer is not None and self._timer_loop is loop:
+            return
+        if self._timer is not None:  # scheduled on a loop that is gone
+            self.flush()
+        self._timer, self._timer_loop = loop.call_later(FLUSH_DELAY, self.flush), loop
+
+    def flush(self) -> None:
+        with self.lock or contextlib.nullcontext():
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = self._timer_loop = None
+            lines, self._lines = self._lines, []
+            if not lines or self._fd < 0:
+                return
+            view = memoryview("".join(lines).encode("utf-8", "backslashreplace"))
+            try:
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except OSError as exc:
+                log.warning("cannot write %s: %s", self.baseFilename, exc.strerror)
+
+    def close(self) -> None:
+        self.flush()
+        with self.lock or contextlib.nullcontext():
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+        super().close()
+
+
+class _StampedFormatter(VisibleFormatter):
+    """``asctime`` as :class:`logging.Formatter` writes it, the date and time formatted once
+    per second (a line per escalated exec)."""
+
+    _second = -1
+    _stamp = ""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        second = int(record.created)
+        if second != self._second:
+            self._stamp = time.strftime(self.default_time_format, self.converter(record.created))
+            self._second = second
+        return f"{self._stamp},{int(record.msecs):03d}"  # (default_msec_format)
 
 
 def _session_dir_candidates() -> list[Path]:
@@ -640,7 +762,7 @@ class EscalationSession:
             log.info("gate: refused a request from pid %d: %s", peer.pid, exc)
             self._record(exec_, Action(Verdict.DENY, str(exc)), closed=True)
             return protocol.encode_deny(self.denial(exec_, str(exc)))
-        exec_ = vouched(GatedExec.from_request(request, program, interpreters), peer.pid)
+        exec_ = vouched(request, program, interpreters, peer.pid)
         if self.live.fail_closed_reason:
             action = Action(Verdict.DENY, self.live.fail_closed_reason)
         else:
@@ -692,19 +814,13 @@ class EscalationSession:
         *,
         closed: bool = False,
     ) -> None:
-        """Log a decision: the escalations log at once, the decision log after the answer
+        """Log a decision: the escalations log and the decision log, both after the answer
         (``closed``: refused without judging, or with the policy failed closed)."""
         self.verdicts[action.verdict] += 1
         if escalations.isEnabledFor(logging.INFO) and (
             action.verdict == Verdict.ESCALATE or (action.verdict == Verdict.RUN and action.reason)
         ):
-            # Formatting and writing the line cost more than judging the exec: do it after the
-            # answer has gone out (the next turn of the event loop).
-            sandbox_text = self.sandbox_text
-            try:
-                asyncio.get_running_loop().call_soon(_log_escalation, exec_, action, sandbox_text)
-            except RuntimeError:  # no loop (a synchronous caller): now
-                _log_escalation(exec_, action, sandbox_text)
+            _unlogged.add(exec_, action, self.sandbox_text)
         if self.decisions is not None:
             closed = closed or (action.judgement is None and bool(self.live.fail_closed_reason))
             call, sandbox = self.call, self.sandbox_text
@@ -827,6 +943,7 @@ class EscalationSession:
         if self._proxy is not None:  # its listeners' namespaces are gone: nothing is left
             await asyncio.get_running_loop().run_in_executor(None, self._proxy.stop)
             self._proxy = None
+        _unlogged.flush()
         if self.decisions is not None:
             self.decisions.flush()  # the log is the front end's; its records are written now
         if self.sealed_snapshot is not None:

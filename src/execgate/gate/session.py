@@ -424,7 +424,9 @@ class EscalationSession:
         # Set once, before anything of the session runs (None: a reserve's spare, see attach).
         self._caller = caller
         self._closing = False
-        self.closed = anyio.Event()  # set once aclose() is done (SessionReserve waits for it)
+        # set once aclose() is done (SessionReserve waits for it); asyncio's, as `execgate run`
+        # does not import anyio
+        self.closed = asyncio.Event()
         self._asking: set[anyio.CancelScope] = set()
         self._asks = 0
         self.verdicts: Counter[Verdict] = Counter()  # decisions so far (a summary's counts)
@@ -1151,7 +1153,7 @@ class _Opening:
     ``after``: open it once this is set (or :data:`REFILL_AFTER` has passed, or someone wants
     the result)."""
 
-    def __init__(self, config: SessionConfig, after: anyio.Event | None = None) -> None:
+    def __init__(self, config: SessionConfig, after: asyncio.Event | None = None) -> None:
         import anyio
 
         self.config = config

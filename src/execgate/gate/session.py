@@ -25,13 +25,10 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
-
-import anyio
-import anyio.abc
+from typing import TYPE_CHECKING, Any
 
 from execgate import native, paths
 from execgate.decisionlog.recorder import (
@@ -41,7 +38,7 @@ from execgate.decisionlog.recorder import (
     permission_entry,
 )
 from execgate.errors import ExecgateError
-from execgate.files import make_private_dir, open_private, write_atomically
+from execgate.files import is_own_private_dir, make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
 from execgate.gate.cleanenv import cleaned_variables
 from execgate.gate.content import NO_CONTENTS, ContentIndex
@@ -54,22 +51,27 @@ from execgate.gate.escalation import (
     Verdict,
     no_one_to_ask,
 )
+from execgate.gate.gitrepo import sandbox_writable_repository
 from execgate.gate.identity import ExecFile, IdentityError, describe_path, inspect_descriptors
 from execgate.gate.launcher import LaunchedProcess, Launcher, LauncherError
 from execgate.gate.livepolicy import LivePolicy
-from execgate.gate.network import NetworkGate, NetworkSettings, listener_pair
 from execgate.gate.program import GatedExec, runs_file, vouched
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import GateServer, Peer, Reply
 from execgate.gate.snapshot import SealedSnapshot
 from execgate.gate.standins import StandIns
-from execgate.netproxy.server import NetProxy, ProxyThread
 from execgate.netproxy.variables import PROXY_VARIABLE_NAMES, proxy_variables
 from execgate.policy import allow_rule_line
 from execgate.sandbox import SandboxSpec
-from execgate.sandbox.guarded import guard
 from execgate.sandbox.spec import PROXY_PORT
 from execgate.visible import VisibleFormatter, quote_word, visible
+
+if TYPE_CHECKING:  # imported where used: `execgate run` without a proxy never needs them
+    import anyio
+    import anyio.abc
+
+    from execgate.gate.network import NetworkGate, NetworkSettings
+    from execgate.netproxy.server import ProxyThread
 
 log = logging.getLogger("execgate.session")
 # Every escalation (a program let out of the sandbox), for the record: front ends send it to
@@ -247,12 +249,9 @@ class _StampedFormatter(VisibleFormatter):
 
 
 def _session_dir_candidates() -> list[Path]:
-    candidates = []
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        candidates.append(Path(runtime))
-    candidates += [Path("/dev/shm"), paths.execgate_home() / "run", Path("/tmp")]
-    return candidates
+    # Last, where every sandbox of the user cannot keep them read-only: only when none of the
+    # session folders can be used (execgate run inside another execgate's sandbox).
+    return [*paths.session_folders(), Path("/dev/shm"), Path("/tmp")]
 
 
 _swept = False
@@ -279,6 +278,8 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
     for base in sorted(candidates, key=writable):  # stable: outside-the-sandbox ones first
         try:
             make_private_dir(base)
+            if not is_own_private_dir(base):  # made by another user first: not ours to use
+                continue
             path = Path(tempfile.mkdtemp(prefix=f"execgate-{os.getuid()}-", dir=base))
             (path / _OWNER).write_text(_owner_of(os.getpid()) + "\n")
         except OSError:
@@ -287,8 +288,7 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
             return path
         shutil.rmtree(path, ignore_errors=True)
     raise ExecgateError(
-        "found no folder for the session socket (tried $XDG_RUNTIME_DIR, /dev/shm, "
-        "$EXECGATE_HOME/run, /tmp)"
+        "found no folder for the session socket (tried " + ", ".join(map(str, candidates)) + ")"
     )
 
 
@@ -332,6 +332,23 @@ def remove_stale_session_dirs(bases: Sequence[Path]) -> list[Path]:
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(Path(entry.path))
     return removed
+
+
+def _in_place_from_writable_repository(exec_: GatedExec, action: Action, confined: bool) -> Action:
+    """An escalation out of a sandbox that can write the git repository it would start in
+    runs in place instead: an escalated program (git, or whatever runs git) would run that
+    repository's hooks and config outside (gate/gitrepo.py)."""
+    if not confined or action.verdict != Verdict.ESCALATE:
+        return action
+    dot_git = sandbox_writable_repository(exec_.pid, exec_.cwd)
+    if dot_git is None:
+        return action
+    return replace(
+        action,
+        verdict=Verdict.RUN,
+        reason=f"not escalated: it would start in the git repository {dot_git}, which the "
+        "sandbox can write (its hooks and config would run outside the sandbox)",
+    )
 
 
 @dataclass(frozen=True)
@@ -407,6 +424,9 @@ class EscalationSession:
         # Set once, before anything of the session runs (None: a reserve's spare, see attach).
         self._caller = caller
         self._closing = False
+        # set once aclose() is done (SessionReserve waits for it); asyncio's, as `execgate run`
+        # does not import anyio
+        self.closed = asyncio.Event()
         self._asking: set[anyio.CancelScope] = set()
         self._asks = 0
         self.verdicts: Counter[Verdict] = Counter()  # decisions so far (a summary's counts)
@@ -435,7 +455,7 @@ class EscalationSession:
         self._env_rules: EnvRules | None = None
         # Network through the proxy: the proxy's thread, and what points programs at it.
         self.proxied = self.confined and sandbox is not None and sandbox.network_proxy
-        self.network = config.network or NetworkSettings()
+        self.network = config.network  # None: NetworkSettings()
         self.proxy_env = proxy_variables(PROXY_PORT) if self.proxied else {}
         self._proxy: ProxyThread | None = None
         self.network_gate: NetworkGate | None = None
@@ -455,6 +475,8 @@ class EscalationSession:
             session._server = GateServer(session.socket_path, session)
             spec = None
             if sandbox is not None:
+                from execgate.sandbox.guarded import guard  # (sysconfig: sandboxes only)
+
                 readonly, hidden = guard(sandbox)  # execgate's own files, state and controls
                 spec = sandbox.with_gate_paths(
                     session_dir=session.dir,
@@ -502,9 +524,12 @@ class EscalationSession:
 
     def _start_proxy(self) -> socket.socket:
         """Start the proxy's thread; returns the launcher's end of the report socket."""
+        from execgate.gate.network import NetworkGate, NetworkSettings, listener_pair
+        from execgate.netproxy.server import NetProxy, ProxyThread
+
         loop = asyncio.get_running_loop()
         self.network_gate = NetworkGate(
-            settings=self.network,
+            settings=self.network or NetworkSettings(),
             policy=lambda: self.live.policy,
             fail_closed_reason=lambda: self.live.fail_closed_reason,
             ask=lambda request: asyncio.run_coroutine_threadsafe(self.ask_human(request), loop),
@@ -644,7 +669,9 @@ class EscalationSession:
         stdio: Mapping[int, int],
         pgid: int = -1,
     ) -> LaunchedProcess:
-        """Gate and start the session's own command (as if the session exec'd it)."""
+        """Gate and start the session's own command (as if the session exec'd it). The session
+        ends with it: once it and everything it left have exited, the launcher exits by itself,
+        and nothing more can be spawned (front ends close the session then)."""
         program = resolve_command(argv[0], cwd=cwd, path=env.get("PATH", os.defpath))
         exec_ = describe_exec(
             program, argv, cwd=cwd, via="session", contents=self.live.current_contents()
@@ -674,6 +701,7 @@ class EscalationSession:
             sandboxed=self.confined and not escalate,
             pgid=pgid,
             main=True,
+            last=True,
         )
 
     # -- exec requests (RequestHandler) ---------------------------------------------------
@@ -746,6 +774,7 @@ class EscalationSession:
             return self._ask_then_answer(
                 exec_, request, fds[-1], action.approval, confined, standin=standin
             )
+        action = _in_place_from_writable_repository(exec_, action, confined)
         self._record(exec_, action)
         return self._encode(exec_, request, fds[-1], action, standin=standin)
 
@@ -812,6 +841,7 @@ class EscalationSession:
         standin: bool,
     ) -> bytes:
         action, answer_given = await self._ask(approval, confined=confined)
+        action = _in_place_from_writable_repository(exec_, action, confined)
         self._record(exec_, action, (approval, answer_given))
         answer = self._encode(exec_, request, runs, action, standin=standin)
         return answer if isinstance(answer, bytes) else await answer
@@ -831,6 +861,8 @@ class EscalationSession:
         self._asks += 1
         if self._asks == 1 and caller.on_ask:
             caller.on_ask(True)
+        import anyio
+
         # aclose() cancels the scope; its deadline is the session's own backstop.
         scope = anyio.CancelScope(deadline=anyio.current_time() + self.approval_timeout)
         self._asking.add(scope)
@@ -919,6 +951,7 @@ class EscalationSession:
         if self.sealed_snapshot is not None:
             self.sealed_snapshot.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        self.closed.set()
 
 
 def _close_all(fds: Sequence[int]) -> None:
@@ -1044,7 +1077,11 @@ class SessionReserve:
 
     Sessions are interchangeable only when opened with the same :class:`SessionConfig` key;
     :meth:`take` hands out the spare when it matches and opens the next one in the background
-    (in :meth:`run`'s task group). Spares have no caller: :meth:`take` attaches the taker's.
+    (in :meth:`running`'s task group) once the session it handed out has closed, or has run
+    for :data:`REFILL_AFTER` seconds: opening one costs milliseconds of this process's CPU (on
+    the event loop) and of the machine's, which must not delay the call's own shell, its exit
+    report or its answer. A caller arriving before that takes the spare at once. Spares have
+    no caller: :meth:`take` attaches the taker's.
     """
 
     def __init__(self) -> None:
@@ -1056,6 +1093,8 @@ class SessionReserve:
     async def running(self) -> AsyncIterator[SessionReserve]:
         """Spares are opened (and unused ones closed) in a task group living this long; every
         session still held here is closed on the way out."""
+        import anyio
+
         async with anyio.create_task_group() as tasks:
             self._tasks = tasks
             try:
@@ -1080,9 +1119,17 @@ class SessionReserve:
         else:
             session.attach(caller)
         if self._tasks is not None:
-            self._spare = _Opening(config)
+            self._spare = _Opening(config, after=session.closed)
             self._start(self._spare.run)
         return session
+
+    def prime(self, config: SessionConfig) -> None:
+        """Open a spare for ``config`` now, while nobody waits (a front end that can tell what
+        its first caller will ask for: the first call need not wait for a launcher)."""
+        if self._spare is None and self._tasks is not None:
+            self._key = config.key
+            self._spare = _Opening(config)
+            self._start(self._spare.run)
 
     def _start(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         if self._tasks is not None:
@@ -1094,17 +1141,40 @@ class SessionReserve:
             await spare.close()
 
 
-class _Opening:
-    """A session being opened in the background: its result (None if opening failed)."""
+#: How long a spare waits for the session handed out before it to close (a long call gets
+#: the next spare while it still runs).
+REFILL_AFTER = 0.25
+#: How long after that close it waits before opening (the call's answer goes out first).
+REFILL_PAUSE = 0.002
 
-    def __init__(self, config: SessionConfig) -> None:
+
+class _Opening:
+    """A session being opened in the background: its result (None if opening failed).
+    ``after``: open it once this is set (or :data:`REFILL_AFTER` has passed, or someone wants
+    the result)."""
+
+    def __init__(self, config: SessionConfig, after: asyncio.Event | None = None) -> None:
+        import anyio
+
         self.config = config
+        self._after = after
+        self._waiting = anyio.CancelScope(deadline=anyio.current_time() + REFILL_AFTER)
         self._done = anyio.Event()
         self._session: EscalationSession | None = None
         self._closed = False
 
     async def run(self) -> None:
+        import anyio
+
         try:
+            if self._after is not None:
+                with self._waiting:
+                    await self._after.wait()
+                    # The call that just ended publishes its outcome, and the front end sends
+                    # its answer, first (a few turns of the loop; the next call comes later).
+                    await anyio.sleep(REFILL_PAUSE)
+            if self._closed:  # given up before it was opened
+                return
             session = await EscalationSession.open(self.config)
         except Exception:
             log.debug("could not open a spare session", exc_info=True)
@@ -1117,6 +1187,7 @@ class _Opening:
             self._done.set()
 
     async def result(self) -> EscalationSession | None:
+        self._waiting.cancel()  # needed now
         await self._done.wait()
         return self._session
 

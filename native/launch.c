@@ -1520,13 +1520,6 @@ static void accept_claims(void)
         g_unfinished++;
         g_conns[g_nconns++] = c;
         conn_input(c); /* the claim is usually there already */
-        if (c->fd >= 0 && c->inlen == 0) {
-            /* Not yet: the connect woke us, and the claimer, which sends right after it, often
-             * waits for this CPU. Give it the CPU once before going back to poll (two more
-             * wake-ups). */
-            sched_yield();
-            conn_input(c);
-        }
     }
 }
 

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import select
 import socket
 import struct
 from collections.abc import Awaitable, Sequence
@@ -46,6 +47,8 @@ _MAX_REQUEST_FDS = 1 + MAX_INTERPRETERS
 MAX_SLOW_REQUESTS = 8
 MAX_BUFFERED_BYTES = MAX_PAYLOAD + (1 << 20)
 SLOW_REQUEST_SECONDS = 30.0
+# How long the server waits, blocking, for the first bytes of a request whose connect woke it.
+FIRST_BYTES_WAIT = 0.0005
 
 Reply = bytes | Awaitable[bytes]
 
@@ -141,7 +144,9 @@ class GateServer:
             conn.close()
             return
         try:
-            data, fds = _first_read(conn)
+            # (no wait while the unfinished requests are at their bound: the wait holds the
+            # event loop, so a process that connects and never sends must not get many)
+            data, fds = _first_read(conn, wait=len(self._slow) < MAX_SLOW_REQUESTS)
         except BlockingIOError:
             # Connected, not sent yet (we woke on connect): wait for the first bytes with a
             # reader and a timer, cheaper than a task. It holds a place among the unfinished
@@ -305,16 +310,20 @@ class GateServer:
             conn.close()
 
 
-def _first_read(conn: socket.socket) -> tuple[bytes, list[int]]:
+def _first_read(conn: socket.socket, *, wait: bool) -> tuple[bytes, list[int]]:
     """The first bytes of a request just accepted. The connect woke us, and the client, which
-    sends right after it, was often preempted by that very wake-up (it waits for this CPU):
-    when nothing is there yet, give it the CPU once and look again before falling back to a
-    reader (another turn of the event loop, two more wake-ups). BlockingIOError: still
-    nothing."""
+    sends right after it, was often preempted by that very wake-up: when nothing is there
+    yet and ``wait``, sleep until it is, at most :data:`FIRST_BYTES_WAIT` (the client sends
+    as soon as it runs again), before falling back to a reader (another turn of the event
+    loop, timers, two more wake-ups). BlockingIOError: still nothing."""
     try:
         return _recv_with_fds(conn, _FIRST_READ)
     except BlockingIOError:
-        os.sched_yield()
+        if not wait:
+            raise
+    waiting = select.poll()
+    waiting.register(conn.fileno(), select.POLLIN)
+    waiting.poll(FIRST_BYTES_WAIT * 1000)
     return _recv_with_fds(conn, _FIRST_READ)
 
 

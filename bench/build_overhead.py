@@ -6,6 +6,9 @@ the teardown. Each round cleans the project, then builds it once plainly and onc
 ``execgate run`` per sandbox mode, in turn; the figure is the median over rounds of gated ÷
 the plain build of the same round. The machine is shared: read medians, not single runs.
 
+Each round also times ``execgate run -- true`` per mode (start-up and teardown alone, the part
+of the added time that does not grow with the build); the rest is what every exec pays.
+
     python bench/build_overhead.py [--rounds 5] [--jobs 1] [--sandbox off,workspace-write]
 """
 
@@ -81,8 +84,16 @@ def build(project: Path, env: dict[str, str], gate: list[str], jobs: int) -> flo
     return time.perf_counter() - started
 
 
+def start_up(env: dict[str, str], gate: list[str], cwd: Path) -> float:
+    """Seconds of ``execgate run -- true`` (start-up and teardown, nothing built)."""
+    started = time.perf_counter()
+    subprocess.run([*gate, "true"], cwd=cwd, env=env, check=True)
+    return time.perf_counter() - started
+
+
 def measure(modes: list[str], rounds: int, jobs: int) -> dict[str, list[float]]:
-    """Per mode (and "plain"), the seconds of each round's build."""
+    """Per mode (and "plain"), the seconds of each round's build; per ``start-up MODE``, the
+    seconds of ``execgate run -- true``."""
     with tempfile.TemporaryDirectory(prefix="eg-build-") as tmp:
         root = Path(tmp)
         project = root / "project"
@@ -97,10 +108,14 @@ def measure(modes: list[str], rounds: int, jobs: int) -> dict[str, list[float]]:
         }  # fmt: skip
         build(project, env, [], jobs)  # warm the page cache and the compiler
         times: dict[str, list[float]] = {"plain": [], **{mode: [] for mode in modes}}
+        times.update({f"start-up {mode}": [] for mode in modes})
+        for gate in gates.values():
+            start_up(env, gate, project)  # the compiled-policy cache is warm from here on
         for _ in range(rounds):
             times["plain"].append(build(project, env, [], jobs))
             for mode, gate in gates.items():
                 times[mode].append(build(project, env, gate, jobs))
+                times[f"start-up {mode}"].append(start_up(env, gate, project))
         return times
 
 
@@ -132,6 +147,12 @@ def main() -> None:
         print(
             f"  sandbox {mode:<15} {statistics.median(times[mode]):6.3f} s  "
             f"{statistics.median(each):5.3f}x plain  (rounds {min(each):.3f} to {max(each):.3f})"
+        )
+        added = statistics.median(g - p for g, p in zip(times[mode], times["plain"], strict=True))
+        fixed = statistics.median(times[f"start-up {mode}"])
+        print(
+            f"    of the {added * 1000:.0f} ms added, start-up and teardown "
+            f"(execgate run -- true) {fixed * 1000:.0f} ms, every exec of the build the rest"
         )
 
 

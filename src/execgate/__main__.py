@@ -1,3 +1,3 @@
-from execgate.cli import main
+from execgate.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -6,7 +6,6 @@ turns a protection off.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,6 +238,8 @@ def load_config(path: Path | None = None) -> Config:
         raise ExecgateError(f"cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise ExecgateError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    import tomllib  # here: most start-ups have no config file to parse
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -4,7 +4,6 @@ they are still the ones that were installed (``_bin/manifest.json``, written by 
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
 import json
 import os
 import stat
@@ -27,7 +26,9 @@ _verified: set[tuple[str, int, int, int, int, int]] = set()
 
 def bin_dir() -> Path:
     """The package's ``_bin`` folder (canonical)."""
-    return Path(str(importlib.resources.files("execgate") / "_bin")).resolve()
+    # The package is installed as files (the native programs must be): no resource reader
+    # needed (importing one costs a start-up several milliseconds).
+    return (Path(__file__).parent / "_bin").resolve()
 
 
 def native_path(name: str) -> Path:

@@ -270,7 +270,12 @@ def test_eviction_at_64_protects_the_recent_and_prefers_the_exited(mcp: Mcp) -> 
             started.sort()
             # the oldest is used again: one of the 8 most recent, so protected
             await write_stdin(client, oldest, "x", yield_time_ms=250)
-            await anyio.sleep(0.6)  # `short` has exited by now (its exit is not read)
+            # `short` exits (its exit is not read)
+            await asyncio.to_thread(
+                mcp.wait_for,
+                lambda: not [p for p in mcp.leftovers() if p.endswith(" 0.5")],
+                "the short session's exit",
+            )
             # full: the exited one goes first
             await exec_command(client, mcp, live, yield_time_ms=250)
             gone = await client.call_tool(

@@ -4,7 +4,11 @@ trusted (corrupt, stale, for another file or version)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -14,6 +18,9 @@ from execgate.policy import Decision, load_rules_files
 from execgate.policy.cache import RulesCache, cache_key
 
 from .conftest import Env
+
+if TYPE_CHECKING:
+    from conftest import UnprivilegedUser
 
 TEXT = """
 prefix_rule(["git", ["status", "diff"]], justification = "read-only", match = ["git status"])
@@ -141,3 +148,58 @@ def test_files_the_user_cannot_write_are_never_cached(
     monkeypatch.setattr(loader.os, "access", lambda p, mode: False)
     load_rules_files([path], cache=store)
     assert not store.directory.exists()
+
+
+# A start-up in a fresh interpreter: the layered policy (the built-in rules and a big user
+# file), whether it was answered without running (or even importing) Starlark, and a decision.
+_START_UP = """
+import sys
+from pathlib import Path
+from execgate.policy import load_layered_policy
+loaded = load_layered_policy(Path.cwd())
+print(loaded.policy.evaluate(["rm", "-rf", "/"]).decision.value, "starlark" in sys.modules)
+"""
+
+
+def _big_rules() -> str:
+    """Over the caching threshold, with rules of its own to tell it was loaded."""
+    lines = [f'prefix_rule(["tool{i}", "run"], "prompt")' for i in range(400)]
+    return "\n".join(lines) + "\n"
+
+
+def test_warm_start_imports_no_starlark(env: Env) -> None:
+    """The second start-up takes every file from the cache: Starlark is never imported (the
+    built-in rules included, wherever the package is installed)."""
+    (env.execgate_home / "rules").mkdir()
+    env.write(env.execgate_home / "rules" / "big.rules", _big_rules())
+    run_env = {**os.environ, "HOME": str(env.root / "home")}
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", _START_UP], env=run_env, cwd=env.work, capture_output=True,
+            text=True, check=True,
+        ).stdout
+        for _ in range(2)
+    ]  # fmt: skip
+    assert runs == ["forbidden True\n", "forbidden False\n"]
+
+
+def test_warm_start_imports_no_starlark_as_a_user(unprivileged: UnprivilegedUser) -> None:
+    """As an ordinary user, whose package folder (and built-in rules) is root's: the user's
+    own cache still answers the second start-up."""
+    rules = unprivileged.home / ".execgate" / "rules"
+    for folder in (rules.parent, rules):
+        folder.mkdir()
+        os.chown(folder, unprivileged.uid, unprivileged.gid)
+    (rules / "big.rules").write_text(_big_rules())
+    os.chown(rules / "big.rules", unprivileged.uid, unprivileged.gid)
+    empty = unprivileged.make_dir()
+    extra = {
+        "EXECGATE_SYSTEM_DIR": str(empty),  # ignored (not root): /etc/execgate stays
+        "CODEX_HOME": str(empty),
+    }
+    runs = []
+    for _ in range(2):
+        result = unprivileged.run([sys.executable, "-c", _START_UP], env=extra)
+        assert result.returncode == 0, result.stderr
+        runs.append(result.stdout.decode())
+    assert runs == ["forbidden True\n", "forbidden False\n"]

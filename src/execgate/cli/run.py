@@ -11,8 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from execgate import paths
 from execgate.cli.options import add_gate_arguments
 from execgate.cli.workdir import working_directory
@@ -22,8 +20,8 @@ from execgate.errors import ExecgateError
 from execgate.gate import orphans
 from execgate.gate.askers import DenyingAsker, TerminalAsker
 from execgate.gate.escalation import Asker
+from execgate.gate.launcher import LaunchedProcess
 from execgate.gate.livepolicy import GatePolicy, PolicySource
-from execgate.gate.network import NetworkSettings, default_for
 from execgate.gate.reload import Loaded, PolicyReloader
 from execgate.gate.session import (
     EscalationSession,
@@ -103,22 +101,26 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
         default_mode="off",
         network_rules=bool(load.policy.network_rules),
     )
-    network = NetworkSettings(
-        default=default_for(
-            config.network.default, can_ask=args.on_prompt != "deny" and _has_terminal()
-        ),
-        hosts_file=config.network.hosts_file,
-        approvals=lambda: gate.approvals,
-    )
+    network = None
+    if sandbox is not None and sandbox.network_proxy:  # else no proxy: nothing to decide
+        from execgate.gate.network import NetworkSettings, default_for
+
+        network = NetworkSettings(
+            default=default_for(
+                config.network.default, can_ask=args.on_prompt != "deny" and _has_terminal()
+            ),
+            hosts_file=config.network.hosts_file,
+            approvals=lambda: gate.approvals,
+        )
     loop = asyncio.get_running_loop()
     # Like a shell running a foreground job: the terminal's Ctrl-C and Ctrl-\ are for the
     # command; we outlive them to clean up. SIGTERM/SIGHUP end the whole session.
     for signum in (signal.SIGINT, signal.SIGQUIT):
         loop.add_signal_handler(signum, lambda: None)
-    # SIGTERM/SIGHUP cancel the wait for the command (then the session is closed).
-    waiting = anyio.CancelScope()
+    # SIGTERM/SIGHUP end the wait for the command (then the session is closed).
+    ending = _Ending()
     for signum in (signal.SIGTERM, signal.SIGHUP):
-        loop.add_signal_handler(signum, waiting.cancel)
+        loop.add_signal_handler(signum, ending.signal)
     reloader = _reloader(source, gate, load)
     decisions = open_front_log("run", config, audit=args.audit)
     moved = paths.log_dir_moved()
@@ -139,7 +141,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
     )
     try:
         async with reloader.watching():
-            return await _wait(session, command, cwd, waiting)
+            return await _wait(session, command, cwd, ending)
     finally:
         await session.aclose()
         decisions.close()
@@ -166,20 +168,42 @@ def _reloader(
     return PolicyReloader(load, lambda loaded: gate.apply(loaded.value), first.watch_paths)
 
 
-async def _wait(
-    session: EscalationSession, command: list[str], cwd: str, waiting: anyio.CancelScope
-) -> int:
-    """Start ``command`` in ``session``; its wait status (or SIGTERM's, when ``waiting`` is
-    cancelled by SIGTERM/SIGHUP)."""
+class _Ending:
+    """SIGTERM/SIGHUP end the wait for the command: at once while it waits, and before it
+    begins when the signal came first."""
+
+    def __init__(self) -> None:
+        self.signalled = False
+        self._waiting: asyncio.Timeout | None = None
+
+    def signal(self) -> None:
+        self.signalled = True
+        if self._waiting is not None and self._waiting.when() is None:
+            self._waiting.reschedule(asyncio.get_running_loop().time())
+
+    async def wait(self, process: LaunchedProcess) -> int:
+        """The process's wait status, or SIGTERM's once a signal ended the wait."""
+        if self.signalled:
+            return signal.SIGTERM
+        waiting = self._waiting = asyncio.timeout(None)
+        try:
+            async with waiting:
+                return await process.wait()
+        except TimeoutError:
+            if not waiting.expired():
+                raise
+            return signal.SIGTERM  # a wait status: killed by SIGTERM
+
+
+async def _wait(session: EscalationSession, command: list[str], cwd: str, ending: _Ending) -> int:
+    """Start ``command`` in ``session``; its wait status (or SIGTERM's, when SIGTERM/SIGHUP
+    ended the wait)."""
     try:
         process = await session.start(command, cwd=cwd, env=os.environ, stdio={0: 0, 1: 1, 2: 2})
     except SessionDenied as denied:
         print(denied.message, file=sys.stderr)
         return 126 << 8
-    status: int = signal.SIGTERM  # a wait status: killed by SIGTERM, unless it exits
-    with waiting:
-        status = await process.wait()
-    return status
+    return await ending.wait(process)
 
 
 def _has_terminal() -> bool:

@@ -19,7 +19,7 @@ from execgate.gate.content import NO_CONTENTS, ContentIndex
 from execgate.gate.escalation import PolicyEscalation
 from execgate.gate.folderwatch import FolderWatch
 from execgate.gate.skills import SkillScripts
-from execgate.gate.snapshot import build_snapshot
+from execgate.gate.snapshot import build_snapshot, folders_to_watch
 from execgate.gate.standins import rule_named_paths
 from execgate.policy import LoadedPolicy, Policy, load_chosen_policy, load_layered_policy
 
@@ -54,29 +54,43 @@ class LivePolicy:
     def _set(self, policy: Policy, fail_closed_reason: str | None) -> None:
         self.policy = policy
         self.fail_closed_reason = fail_closed_reason
-        # A folder first watched now may have changed since the build: build again (the
-        # folders a build finds depend on the files it finds, hence a few rounds).
+        host_executables = dict(policy.host_executables)
+        # Watched before a build reads them, so a change during the build is queued: the
+        # folders known beforehand, then those a build found (through a link), which may have
+        # changed before they were watched: unless what was found there is still there, build
+        # again (hence a few rounds).
+        first = set(self.skills.watch_folders()) if self.skills else set()
+        first |= folders_to_watch(
+            policy.first_tokens(), host_executables, search_path=self.search_path
+        )
+        self._watch.watch(first)
         for _ in range(4):
             # Skill scripts and the interpreters that may be given one must reach the server.
             skills = self.skills.snapshot_tokens() if self.skills else []
             snapshot = build_snapshot(
-                [*policy.first_tokens(), *skills],
-                dict(policy.host_executables),
-                search_path=self.search_path,
+                [*policy.first_tokens(), *skills], host_executables, search_path=self.search_path
             )
             if self.skills:
                 snapshot.folders |= self.skills.watch_folders()
-            if not self._watch.watch(snapshot.folders):
+            added = self._watch.watch(snapshot.folders)
+            if not added or snapshot.still_holds(added):
                 break
         if snapshot.aliases != self.aliases:  # else keep the judgements made with them cached
             self.aliases = snapshot.aliases
-        # What sandboxes cover with stand-ins (the kernel exec backstop, gate/standins.py).
-        self.rule_named = rule_named_paths(
-            self.aliases, policy.host_executables, search_path=self.search_path
-        )
+        self._rule_named: list[str] | None = None  # found when a sandboxed session asks
         self.contents = snapshot.contents
         # Fail-closed requirements deny everything: every exec must reach the server.
         self.snapshot = snapshot.encode(ask_always=self.ask_always or bool(fail_closed_reason))
+
+    @property
+    def rule_named(self) -> list[str]:
+        """What sandboxes cover with stand-ins (the kernel exec backstop, gate/standins.py):
+        the files of the alias table, found again when it was rebuilt."""
+        if self._rule_named is None:
+            self._rule_named = rule_named_paths(
+                self.aliases, self.policy.host_executables, search_path=self.search_path
+            )
+        return self._rule_named
 
     def replace(self, policy: Policy, fail_closed_reason: str | None = None) -> None:
         self._set(policy, fail_closed_reason)
@@ -155,8 +169,10 @@ class GatePolicy:
         self.approvals = _approvals(load)
         self.escalation = PolicyEscalation(
             lambda: self.live.policy,
-            aliases=self.live.current_aliases,
-            contents=self.live.current_contents,
+            # As of the request's current_contents() (each caller drains the folder watch
+            # right before judging: once per exec is enough).
+            aliases=lambda: self.live.aliases,
+            contents=lambda: self.live.contents,
             user_approves=lambda judgement: self.approvals.covers(judgement),
             can_record_always=lambda judgement: self.approvals.can_record(judgement),
             on_prompt_deny=on_prompt_deny,

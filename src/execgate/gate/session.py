@@ -13,6 +13,7 @@ files.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import logging
@@ -21,18 +22,21 @@ import secrets
 import shutil
 import socket
 import tempfile
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
-
-import anyio
-import anyio.abc
+from typing import TYPE_CHECKING, Any
 
 from execgate import native, paths
-from execgate.decisionlog.recorder import DecisionLog, bounded_argv, permission_entry
+from execgate.decisionlog.recorder import (
+    FLUSH_DELAY,
+    DecisionLog,
+    bounded_argv,
+    permission_entry,
+)
 from execgate.errors import ExecgateError
 from execgate.files import is_own_private_dir, make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
@@ -51,19 +55,23 @@ from execgate.gate.gitrepo import sandbox_writable_repository
 from execgate.gate.identity import ExecFile, IdentityError, describe_path, inspect_descriptors
 from execgate.gate.launcher import LaunchedProcess, Launcher, LauncherError
 from execgate.gate.livepolicy import LivePolicy
-from execgate.gate.network import NetworkGate, NetworkSettings, listener_pair
 from execgate.gate.program import GatedExec, runs_file, vouched
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import GateServer, Peer, Reply
 from execgate.gate.snapshot import SealedSnapshot
 from execgate.gate.standins import StandIns
-from execgate.netproxy.server import NetProxy, ProxyThread
 from execgate.netproxy.variables import PROXY_VARIABLE_NAMES, proxy_variables
 from execgate.policy import allow_rule_line
 from execgate.sandbox import SandboxSpec
-from execgate.sandbox.guarded import guard
 from execgate.sandbox.spec import PROXY_PORT
 from execgate.visible import VisibleFormatter, quote_word, visible
+
+if TYPE_CHECKING:  # imported where used: `execgate run` without a proxy never needs them
+    import anyio
+    import anyio.abc
+
+    from execgate.gate.network import NetworkGate, NetworkSettings
+    from execgate.netproxy.server import ProxyThread
 
 log = logging.getLogger("execgate.session")
 # Every escalation (a program let out of the sandbox), for the record: front ends send it to
@@ -91,11 +99,12 @@ class SessionDenied(ExecgateError):
         super().__init__(message, exit_status=126)
 
 
-def _log_escalation(exec_: GatedExec, action: Action, sandbox: str) -> None:
-    """One line of the escalations log: an escalation, or a run the server explained."""
+def _log_escalation(exec_: GatedExec, action: Action, sandbox: str, when: float) -> None:
+    """One line of the escalations log: an escalation, or a run the server explained
+    (``when``: the time of the decision)."""
     if action.verdict == Verdict.ESCALATE:
-        escalations.info(
-            "escalated %s (program %s, pid %d, cwd %s, sandbox %s)",
+        message = "escalated %s (program %s, pid %d, cwd %s, sandbox %s)"
+        args: tuple[object, ...] = (
             exec_.display(),
             exec_.realpath or exec_.path,
             exec_.pid,
@@ -103,7 +112,52 @@ def _log_escalation(exec_: GatedExec, action: Action, sandbox: str) -> None:
             sandbox,
         )
     else:
-        escalations.info("%s: %s", exec_.display(), action.reason)
+        message, args = "%s: %s", (exec_.display(), action.reason)
+    record = escalations.makeRecord(
+        escalations.name, logging.INFO, __file__, 0, message, args, None
+    )
+    record.created, record.msecs = when, int((when - int(when)) * 1000) + 0.0
+    escalations.handle(record)
+
+
+class _Unlogged:
+    """Decisions waiting for their line in the escalations log. Building and writing a line
+    costs more than judging the exec, so the lines are made in one batch shortly after the
+    answers went out (:data:`FLUSH_DELAY`, as the decision log's records), when a session
+    closes and at exit: an exec pays a list append, not a turn of the event loop."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[float, GatedExec, Action, str]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        atexit.register(self.flush)
+
+    def add(self, exec_: GatedExec, action: Action, sandbox: str) -> None:
+        self._items.append((time.time(), exec_, action, sandbox))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): now
+            self.flush()
+            return
+        if self._timer is not None and self._loop is loop:
+            return
+        if self._timer is not None:  # scheduled on a loop that is gone
+            self.flush()
+        self._timer, self._loop = loop.call_later(FLUSH_DELAY, self.flush), loop
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = self._loop = None
+        items, self._items = self._items, []
+        for when, exec_, action, sandbox in items:
+            _log_escalation(exec_, action, sandbox, when)
+        if items:
+            for handler in escalations.handlers:
+                handler.flush()
+
+
+_unlogged = _Unlogged()
 
 
 def log_escalations(path: Path | None = None) -> Path | None:
@@ -114,15 +168,84 @@ def log_escalations(path: Path | None = None) -> Path | None:
         return path
     try:
         make_private_dir(path.parent)
-        os.close(open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT))  # created 0600
-        handler = logging.FileHandler(path, encoding="utf-8")
+        handler = BatchedLines(path)  # created 0600
     except OSError as exc:
         log.warning("cannot log escalations to %s: %s", path, exc.strerror)
         return None
-    handler.setFormatter(VisibleFormatter("%(asctime)s %(message)s"))
+    handler.setFormatter(_StampedFormatter("%(asctime)s %(message)s"))
     escalations.addHandler(handler)
     escalations.setLevel(logging.INFO)
     return path
+
+
+class BatchedLines(logging.Handler):
+    """Appends log lines to a file in one ``write`` per batch, shortly after they were logged
+    (:data:`FLUSH_DELAY`, as the decision log), and at exit: a line per escalated exec would
+    cost each exec a write. Whole lines only, on an ``O_APPEND`` descriptor, so several
+    processes can share the file."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.baseFilename = str(path)
+        self._fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._lines: list[str] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._lines.append(self.format(record) + "\n")
+        except Exception:
+            self.handleError(record)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (another thread, a synchronous caller): now
+            self.flush()
+            return
+        if self._timer is not None and self._timer_loop is loop:
+            return
+        if self._timer is not None:  # scheduled on a loop that is gone
+            self.flush()
+        self._timer, self._timer_loop = loop.call_later(FLUSH_DELAY, self.flush), loop
+
+    def flush(self) -> None:
+        with self.lock or contextlib.nullcontext():
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = self._timer_loop = None
+            lines, self._lines = self._lines, []
+            if not lines or self._fd < 0:
+                return
+            view = memoryview("".join(lines).encode("utf-8", "backslashreplace"))
+            try:
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except OSError as exc:
+                log.warning("cannot write %s: %s", self.baseFilename, exc.strerror)
+
+    def close(self) -> None:
+        self.flush()
+        with self.lock or contextlib.nullcontext():
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+        super().close()
+
+
+class _StampedFormatter(VisibleFormatter):
+    """``asctime`` as :class:`logging.Formatter` writes it, the date and time formatted once
+    per second (a line per escalated exec)."""
+
+    _second = -1
+    _stamp = ""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        second = int(record.created)
+        if second != self._second:
+            self._stamp = time.strftime(self.default_time_format, self.converter(record.created))
+            self._second = second
+        return f"{self._stamp},{int(record.msecs):03d}"  # (default_msec_format)
 
 
 def _session_dir_candidates() -> list[Path]:
@@ -301,6 +424,9 @@ class EscalationSession:
         # Set once, before anything of the session runs (None: a reserve's spare, see attach).
         self._caller = caller
         self._closing = False
+        # set once aclose() is done (SessionReserve waits for it); asyncio's, as `execgate run`
+        # does not import anyio
+        self.closed = asyncio.Event()
         self._asking: set[anyio.CancelScope] = set()
         self._asks = 0
         self.verdicts: Counter[Verdict] = Counter()  # decisions so far (a summary's counts)
@@ -329,7 +455,7 @@ class EscalationSession:
         self._env_rules: EnvRules | None = None
         # Network through the proxy: the proxy's thread, and what points programs at it.
         self.proxied = self.confined and sandbox is not None and sandbox.network_proxy
-        self.network = config.network or NetworkSettings()
+        self.network = config.network  # None: NetworkSettings()
         self.proxy_env = proxy_variables(PROXY_PORT) if self.proxied else {}
         self._proxy: ProxyThread | None = None
         self.network_gate: NetworkGate | None = None
@@ -349,6 +475,8 @@ class EscalationSession:
             session._server = GateServer(session.socket_path, session)
             spec = None
             if sandbox is not None:
+                from execgate.sandbox.guarded import guard  # (sysconfig: sandboxes only)
+
                 readonly, hidden = guard(sandbox)  # execgate's own files, state and controls
                 spec = sandbox.with_gate_paths(
                     session_dir=session.dir,
@@ -396,9 +524,12 @@ class EscalationSession:
 
     def _start_proxy(self) -> socket.socket:
         """Start the proxy's thread; returns the launcher's end of the report socket."""
+        from execgate.gate.network import NetworkGate, NetworkSettings, listener_pair
+        from execgate.netproxy.server import NetProxy, ProxyThread
+
         loop = asyncio.get_running_loop()
         self.network_gate = NetworkGate(
-            settings=self.network,
+            settings=self.network or NetworkSettings(),
             policy=lambda: self.live.policy,
             fail_closed_reason=lambda: self.live.fail_closed_reason,
             ask=lambda request: asyncio.run_coroutine_threadsafe(self.ask_human(request), loop),
@@ -538,7 +669,9 @@ class EscalationSession:
         stdio: Mapping[int, int],
         pgid: int = -1,
     ) -> LaunchedProcess:
-        """Gate and start the session's own command (as if the session exec'd it)."""
+        """Gate and start the session's own command (as if the session exec'd it). The session
+        ends with it: once it and everything it left have exited, the launcher exits by itself,
+        and nothing more can be spawned (front ends close the session then)."""
         program = resolve_command(argv[0], cwd=cwd, path=env.get("PATH", os.defpath))
         exec_ = describe_exec(
             program, argv, cwd=cwd, via="session", contents=self.live.current_contents()
@@ -568,6 +701,7 @@ class EscalationSession:
             sandboxed=self.confined and not escalate,
             pgid=pgid,
             main=True,
+            last=True,
         )
 
     # -- exec requests (RequestHandler) ---------------------------------------------------
@@ -630,7 +764,7 @@ class EscalationSession:
             log.info("gate: refused a request from pid %d: %s", peer.pid, exc)
             self._record(exec_, Action(Verdict.DENY, str(exc)), closed=True)
             return protocol.encode_deny(self.denial(exec_, str(exc)))
-        exec_ = vouched(GatedExec.from_request(request, program, interpreters), peer.pid)
+        exec_ = vouched(request, program, interpreters, peer.pid)
         if self.live.fail_closed_reason:
             action = Action(Verdict.DENY, self.live.fail_closed_reason)
         else:
@@ -682,19 +816,13 @@ class EscalationSession:
         *,
         closed: bool = False,
     ) -> None:
-        """Log a decision: the escalations log at once, the decision log after the answer
+        """Log a decision: the escalations log and the decision log, both after the answer
         (``closed``: refused without judging, or with the policy failed closed)."""
         self.verdicts[action.verdict] += 1
         if escalations.isEnabledFor(logging.INFO) and (
             action.verdict == Verdict.ESCALATE or (action.verdict == Verdict.RUN and action.reason)
         ):
-            # Formatting and writing the line cost more than judging the exec: do it after the
-            # answer has gone out (the next turn of the event loop).
-            sandbox_text = self.sandbox_text
-            try:
-                asyncio.get_running_loop().call_soon(_log_escalation, exec_, action, sandbox_text)
-            except RuntimeError:  # no loop (a synchronous caller): now
-                _log_escalation(exec_, action, sandbox_text)
+            _unlogged.add(exec_, action, self.sandbox_text)
         if self.decisions is not None:
             closed = closed or (action.judgement is None and bool(self.live.fail_closed_reason))
             call, sandbox = self.call, self.sandbox_text
@@ -733,6 +861,8 @@ class EscalationSession:
         self._asks += 1
         if self._asks == 1 and caller.on_ask:
             caller.on_ask(True)
+        import anyio
+
         # aclose() cancels the scope; its deadline is the session's own backstop.
         scope = anyio.CancelScope(deadline=anyio.current_time() + self.approval_timeout)
         self._asking.add(scope)
@@ -815,11 +945,13 @@ class EscalationSession:
         if self._proxy is not None:  # its listeners' namespaces are gone: nothing is left
             await asyncio.get_running_loop().run_in_executor(None, self._proxy.stop)
             self._proxy = None
+        _unlogged.flush()
         if self.decisions is not None:
             self.decisions.flush()  # the log is the front end's; its records are written now
         if self.sealed_snapshot is not None:
             self.sealed_snapshot.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        self.closed.set()
 
 
 def _close_all(fds: Sequence[int]) -> None:
@@ -945,7 +1077,11 @@ class SessionReserve:
 
     Sessions are interchangeable only when opened with the same :class:`SessionConfig` key;
     :meth:`take` hands out the spare when it matches and opens the next one in the background
-    (in :meth:`run`'s task group). Spares have no caller: :meth:`take` attaches the taker's.
+    (in :meth:`running`'s task group) once the session it handed out has closed, or has run
+    for :data:`REFILL_AFTER` seconds: opening one costs milliseconds of this process's CPU (on
+    the event loop) and of the machine's, which must not delay the call's own shell, its exit
+    report or its answer. A caller arriving before that takes the spare at once. Spares have
+    no caller: :meth:`take` attaches the taker's.
     """
 
     def __init__(self) -> None:
@@ -957,6 +1093,8 @@ class SessionReserve:
     async def running(self) -> AsyncIterator[SessionReserve]:
         """Spares are opened (and unused ones closed) in a task group living this long; every
         session still held here is closed on the way out."""
+        import anyio
+
         async with anyio.create_task_group() as tasks:
             self._tasks = tasks
             try:
@@ -981,9 +1119,17 @@ class SessionReserve:
         else:
             session.attach(caller)
         if self._tasks is not None:
-            self._spare = _Opening(config)
+            self._spare = _Opening(config, after=session.closed)
             self._start(self._spare.run)
         return session
+
+    def prime(self, config: SessionConfig) -> None:
+        """Open a spare for ``config`` now, while nobody waits (a front end that can tell what
+        its first caller will ask for: the first call need not wait for a launcher)."""
+        if self._spare is None and self._tasks is not None:
+            self._key = config.key
+            self._spare = _Opening(config)
+            self._start(self._spare.run)
 
     def _start(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         if self._tasks is not None:
@@ -995,17 +1141,40 @@ class SessionReserve:
             await spare.close()
 
 
-class _Opening:
-    """A session being opened in the background: its result (None if opening failed)."""
+#: How long a spare waits for the session handed out before it to close (a long call gets
+#: the next spare while it still runs).
+REFILL_AFTER = 0.25
+#: How long after that close it waits before opening (the call's answer goes out first).
+REFILL_PAUSE = 0.002
 
-    def __init__(self, config: SessionConfig) -> None:
+
+class _Opening:
+    """A session being opened in the background: its result (None if opening failed).
+    ``after``: open it once this is set (or :data:`REFILL_AFTER` has passed, or someone wants
+    the result)."""
+
+    def __init__(self, config: SessionConfig, after: asyncio.Event | None = None) -> None:
+        import anyio
+
         self.config = config
+        self._after = after
+        self._waiting = anyio.CancelScope(deadline=anyio.current_time() + REFILL_AFTER)
         self._done = anyio.Event()
         self._session: EscalationSession | None = None
         self._closed = False
 
     async def run(self) -> None:
+        import anyio
+
         try:
+            if self._after is not None:
+                with self._waiting:
+                    await self._after.wait()
+                    # The call that just ended publishes its outcome, and the front end sends
+                    # its answer, first (a few turns of the loop; the next call comes later).
+                    await anyio.sleep(REFILL_PAUSE)
+            if self._closed:  # given up before it was opened
+                return
             session = await EscalationSession.open(self.config)
         except Exception:
             log.debug("could not open a spare session", exc_info=True)
@@ -1018,6 +1187,7 @@ class _Opening:
             self._done.set()
 
     async def result(self) -> EscalationSession | None:
+        self._waiting.cancel()  # needed now
         await self._done.wait()
         return self._session
 

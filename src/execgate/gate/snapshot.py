@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import posixpath
+import stat
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -66,6 +67,18 @@ class Snapshot:
     # the folders where a change can give a rule-named path another file (to watch)
     folders: set[str] = field(default_factory=set)
     contents: ContentIndex = field(default_factory=ContentIndex)
+    # canonical folder -> the (path, identity) pairs found through a link into it
+    linked: dict[str, list[tuple[str, FileId]]] = field(default_factory=dict)
+
+    def still_holds(self, folders: Iterable[str]) -> bool:
+        """Whether every file found through a link into one of ``folders`` is still the file
+        recorded (asked once those folders are watched: a change before that is found here,
+        any later one is queued)."""
+        return all(
+            _stat_id(path) == file_id
+            for folder in folders
+            for path, file_id in self.linked.get(folder, ())
+        )
 
     def encode(self, *, ask_always: bool = False) -> bytes:
         hashes = sorted({fnv1a64(name) for name in self.names})
@@ -98,6 +111,42 @@ def _stat_id(path: str) -> FileId | None:
     return (st.st_dev, st.st_ino)
 
 
+# Names a folder resolves without listing them (``join(dir, "")`` is the folder itself).
+NOT_LISTED = frozenset({"", ".", ".."})
+
+
+def names_in(folder: str) -> frozenset[str] | None:
+    """The entries of ``folder``; empty when it does not exist, None when it cannot be listed
+    (searchable but not readable: each name is then looked up on its own)."""
+    try:
+        return frozenset(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return frozenset()
+    except OSError:
+        return None
+
+
+def program_dirs(search_path: str) -> list[str]:
+    """The folders a bare rule name is looked up in: ``search_path``'s, then the standard ones."""
+    dirs = list(dict.fromkeys([d for d in search_path.split(":") if d.startswith("/")]))
+    return dirs + [d for d in STANDARD_DIRS if d not in dirs]
+
+
+def folders_to_watch(
+    first_tokens: Iterable[str],
+    host_executables: dict[str, tuple[str, ...]],
+    *,
+    search_path: str,
+) -> set[str]:
+    """The folders :func:`build_snapshot` will look in, known without reading any (watched
+    before the build, so it rarely has to be repeated): the program folders, those of the
+    paths rules name, and the folders those are links to."""
+    folders = set(program_dirs(search_path))
+    folders.update(posixpath.dirname(t) for t in first_tokens if "/" in t)
+    folders.update(posixpath.dirname(p) for ps in host_executables.values() for p in ps)
+    return folders | {os.path.realpath(folder) for folder in folders}
+
+
 def build_snapshot(
     first_tokens: Iterable[str],
     host_executables: dict[str, tuple[str, ...]],
@@ -110,26 +159,52 @@ def build_snapshot(
     found is recorded by identity so hard links and renamed paths still ask.
     """
     snapshot = Snapshot()
-    dirs = list(dict.fromkeys([d for d in search_path.split(":") if d.startswith("/")]))
-    dirs += [d for d in STANDARD_DIRS if d not in dirs]
+    dirs = program_dirs(search_path)
     aliases: dict[FileId, set[str]] = {}
     contents: dict[str, set[str]] = {}  # path -> rule names, for the content index
+    real_dirs: dict[str, str] = {}
+
+    def real_dir(path: str) -> str:
+        """The canonical folder of ``path`` (one ``lstat`` unless ``path`` is a link: the
+        canonical path of a folder is looked up once per build)."""
+        folder, name = posixpath.split(path)
+        try:
+            is_link = stat.S_ISLNK(os.lstat(path).st_mode)
+        except (OSError, ValueError):
+            is_link = True  # gone since: let realpath say what it is now
+        if is_link or name in ("", ".", "..") or not folder.startswith("/"):
+            return posixpath.dirname(os.path.realpath(path))
+        real = real_dirs.get(folder)
+        if real is None:
+            real = real_dirs[folder] = os.path.realpath(folder)
+        return real
 
     def record(path: str, name: str) -> None:
         snapshot.folders.add(posixpath.dirname(path))
         file_id = _stat_id(path)
         if file_id is not None:
-            snapshot.folders.add(posixpath.dirname(os.path.realpath(path)))
+            real = real_dir(path)
+            snapshot.folders.add(real)
+            if real != posixpath.dirname(path):
+                snapshot.linked.setdefault(real, []).append((path, file_id))
             snapshot.files.add(file_id)
             aliases.setdefault(file_id, set()).add(name)
             contents.setdefault(path, set()).add(name)
 
+    bare: list[str] = []
     for token in first_tokens:
         snapshot.names.add(os.fsencode(token))
         if "/" in token:
             record(token, token)
         else:
-            for directory in dirs:
+            bare.append(token)
+    for directory in dirs:
+        # A folder's names are read once (not a stat per rule name and folder: with thousands
+        # of rules that was most of a start-up); the names listed there are then stat-ed.
+        snapshot.folders.add(directory)
+        listed = names_in(directory)
+        for token in bare:
+            if listed is None or token in listed or token in NOT_LISTED:
                 record(posixpath.join(directory, token), token)
     for name, paths in host_executables.items():
         snapshot.names.add(os.fsencode(name))

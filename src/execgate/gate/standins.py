@@ -27,7 +27,7 @@ from execgate.errors import ExecgateError
 from execgate.files import write_atomically
 from execgate.gate.identity import SHEBANG_BUFFER, FileId, parse_shebang
 from execgate.gate.protocol import MAX_INTERPRETERS
-from execgate.gate.snapshot import STANDARD_DIRS
+from execgate.gate.snapshot import NOT_LISTED, names_in, program_dirs
 
 # The kernel's binfmt_script reads this much of the first line: the stand-in's `#!` line must fit.
 _MAX_SHEBANG = SHEBANG_BUFFER - 2
@@ -41,8 +41,8 @@ def rule_named_paths(
 ) -> list[str]:
     """The canonical paths of every file some rule names (the alias table's files, found where
     the snapshot found them), and of their hard links in the program folders searched."""
-    dirs = list(dict.fromkeys([d for d in search_path.split(":") if d.startswith("/")]))
-    dirs += [d for d in STANDARD_DIRS if d not in dirs]
+    dirs = program_dirs(search_path)
+    listed = {d: names_in(d) for d in dirs}  # a stat only where the name is there
     found: dict[str, FileId] = {}
     linked: set[FileId] = set()
     for file_id, names in aliases.items():
@@ -50,7 +50,11 @@ def rule_named_paths(
             if "/" in name:
                 candidates = [name] if name.startswith("/") else []
             else:
-                candidates = [posixpath.join(d, name) for d in dirs]
+                candidates = [
+                    posixpath.join(d, name)
+                    for d, there in listed.items()
+                    if there is None or name in there or name in NOT_LISTED
+                ]
                 candidates += list(host_executables.get(name, ()))
             for candidate in candidates:
                 try:

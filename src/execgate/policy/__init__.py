@@ -8,29 +8,72 @@ Typical use::
     evaluation.reason()   # "`git push` requires approval: ..."
 """
 
-from execgate.policy.amend import allow_rule_line, append_allow_rule, remove_allow_rule
-from execgate.policy.cache import RulesCache
-from execgate.policy.evaluate import Evaluation, Policy, resolve_program_path
-from execgate.policy.layers import (
-    LoadedPolicy,
-    RulesSource,
-    is_trusted,
-    load_chosen_policy,
-    load_layered_policy,
-    project_root,
-    trust_project,
-    trusted_projects,
-    untrust_project,
-)
-from execgate.policy.loader import load_rules_files
-from execgate.policy.model import (
-    Decision,
-    NetworkRule,
-    PolicyError,
-    PrefixRule,
-    RuleMatch,
-    SourceLocation,
-)
+# The names below are imported on first use (PEP 562): a front end that loads a cached policy
+# imports only the modules it needs (start-up time), e.g. not the Starlark evaluator.
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from execgate.policy.amend import allow_rule_line, append_allow_rule, remove_allow_rule
+    from execgate.policy.cache import RulesCache
+    from execgate.policy.evaluate import Evaluation, Policy, resolve_program_path
+    from execgate.policy.layers import (
+        LoadedPolicy,
+        RulesSource,
+        is_trusted,
+        load_chosen_policy,
+        load_layered_policy,
+        project_root,
+        trust_project,
+        trusted_projects,
+        untrust_project,
+    )
+    from execgate.policy.loader import load_rules_files
+    from execgate.policy.model import (
+        Decision,
+        NetworkRule,
+        PolicyError,
+        PrefixRule,
+        RuleMatch,
+        SourceLocation,
+    )
+
+_HOMES = {
+    "allow_rule_line": "amend",
+    "append_allow_rule": "amend",
+    "remove_allow_rule": "amend",
+    "RulesCache": "cache",
+    "Evaluation": "evaluate",
+    "Policy": "evaluate",
+    "resolve_program_path": "evaluate",
+    "LoadedPolicy": "layers",
+    "RulesSource": "layers",
+    "is_trusted": "layers",
+    "load_chosen_policy": "layers",
+    "load_layered_policy": "layers",
+    "project_root": "layers",
+    "trust_project": "layers",
+    "trusted_projects": "layers",
+    "untrust_project": "layers",
+    "load_rules_files": "loader",
+    "Decision": "model",
+    "NetworkRule": "model",
+    "PolicyError": "model",
+    "PrefixRule": "model",
+    "RuleMatch": "model",
+    "SourceLocation": "model",
+}
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Decision",

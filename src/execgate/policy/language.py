@@ -13,9 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NoReturn
-
-import starlark as sl
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from execgate.policy.codex_text import (
     rust_debug_str,
@@ -34,6 +32,9 @@ from execgate.policy.model import (
     RuleMatch,
     SourceLocation,
 )
+
+if TYPE_CHECKING:
+    import starlark as sl
 
 PRELUDE_NAME = "<execgate builtins>"
 _BRIDGE = "__execgate_builtin__"
@@ -78,6 +79,8 @@ _MISSING = object()
 
 
 def _dialect() -> sl.Dialect:
+    import starlark as sl  # here: a policy loaded from the cache never evaluates Starlark
+
     dialect = sl.Dialect.extended()
     dialect.enable_f_strings = True
     return dialect
@@ -135,6 +138,8 @@ def _type_name(value: object) -> str:
 
 
 def _starlark_repr(value: object, type_name: str) -> str:
+    import starlark as sl
+
     try:
         module = sl.Module()
         module["v"] = value
@@ -449,6 +454,8 @@ def evaluate_rules_text(text: str, identifier: str) -> FileRules:
     Examples are *not* checked here: that needs the host_executable definitions of every file
     loaded so far (see ``PolicyBuilder``).
     """
+    import starlark as sl
+
     state = _FileEvaluation(text, identifier)
     dialect = _dialect()
     module = sl.Module()

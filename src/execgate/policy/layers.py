@@ -21,10 +21,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import tomllib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
@@ -35,7 +33,6 @@ from execgate.policy.cache import RulesCache
 from execgate.policy.evaluate import Policy
 from execgate.policy.language import FileRules, PolicyBuilder
 from execgate.policy.loader import (
-    cacheable,
     compile_rules_file,
     compile_rules_text,
     default_cache,
@@ -72,7 +69,7 @@ class LoadedPolicy:
 
 
 def default_rules_path() -> Path:
-    return Path(str(resources.files("execgate.policy").joinpath("default.rules")))
+    return Path(__file__).with_name("default.rules")
 
 
 _HOMES_LINE = "HOMES = []"
@@ -136,6 +133,8 @@ def project_root(directory: Path) -> Path:
 
 
 def _read_trusted(text: str, where: Path) -> list[str]:
+    import tomllib  # here: most start-ups have no trust list to parse
+
     try:
         data = tomllib.loads(text) if text.strip() else {}
     except tomllib.TOMLDecodeError as exc:
@@ -281,9 +280,10 @@ def load_layered_policy(
             watch.append(path)
     if config.default_policy:
         default = default_rules_path()
-        compiled = compile_rules_text(
-            default_rules_text(), str(default), cache=cacheable(default, store)
-        )
+        # Cached even where the package is not the user's to write (an installation by root):
+        # the user decides whether the built-in rules apply at all (`default_policy`), so an
+        # entry in the user's cache can do nothing the user's own config could not.
+        compiled = compile_rules_text(default_rules_text(), str(default), cache=store)
         files.insert(0, (RulesSource("default", default), compiled))
     watch += [config.path or paths.config_file(), trust_file()]
     return _under_requirements(files, watch, folders, fetch)

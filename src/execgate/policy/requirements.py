@@ -24,7 +24,6 @@ import contextlib
 import hashlib
 import json
 import time
-import tomllib
 import urllib.error
 import urllib.parse
 from collections.abc import Callable
@@ -201,6 +200,8 @@ def _load_toml(path: Path) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not valid UTF-8"
         raise PolicyError(f"cannot read requirements: {reason}", path=str(path)) from None
+    import tomllib  # here: most start-ups have no requirements file to parse
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -371,6 +372,8 @@ def _describe(exc: BaseException) -> str:
 
 
 def _parse_document(data: bytes, origin: str) -> list[PrefixRule]:
+    import tomllib
+
     document = tomllib.loads(data.decode("utf-8"))
     unknown = set(document) - {"rules"}
     if unknown:
@@ -533,7 +536,7 @@ def _from_url(settings: RequirementsSettings, result: RequirementsResult, fetch:
         except _Unverified as exc:
             cache_problem = f"the cached copy {cache.document} was refused ({exc})"
             cached = None
-        except (ValueError, _Invalid, tomllib.TOMLDecodeError):
+        except (ValueError, _Invalid):  # tomllib.TOMLDecodeError is a ValueError
             cache_problem = f"the cached copy {cache.document} is not valid"
             cached = None
 
@@ -559,7 +562,7 @@ def _from_url(settings: RequirementsSettings, result: RequirementsResult, fetch:
         rules = _usable(settings, fresh, url)
     except _Unverified as exc:
         problem = f"the document was refused: {exc}"
-    except (OSError, ValueError, urllib.error.URLError, _Invalid, tomllib.TOMLDecodeError) as exc:
+    except (OSError, ValueError, urllib.error.URLError, _Invalid) as exc:  # TOML errors too
         problem = _describe(exc)
     else:
         cache.write(fresh)

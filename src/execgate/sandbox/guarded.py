@@ -36,7 +36,7 @@ from execgate import paths
 from execgate.errors import ExecgateError
 from execgate.files import is_own_private_dir, make_private_dir
 from execgate.policy.layers import trusted_project_folders
-from execgate.sandbox.spec import SandboxSpec
+from execgate.sandbox.spec import SandboxSpec, path_under
 
 CONSOLE_SCRIPT = "execgate"
 
@@ -87,7 +87,7 @@ def _user_site() -> list[Path]:
 
 
 def _under(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
+    return path_under(path, folder)
 
 
 def _refuse_roots_in_state(spec: SandboxSpec) -> None:
@@ -95,10 +95,11 @@ def _refuse_roots_in_state(spec: SandboxSpec) -> None:
     a root, or holds one, would stay writable (rules, trust list for the next session)."""
     if spec.mode != "workspace-write":
         return
+    roots = [(root, Path(os.path.realpath(root))) for root in spec.writable_roots]
     for state in paths.state_paths():
         real = Path(os.path.realpath(state))
-        for root in spec.writable_roots:
-            if _under(Path(os.path.realpath(root)), real):
+        for root, real_root in roots:
+            if _under(real_root, real):
                 raise ExecgateError(
                     f"the writable root {root} is inside execgate's state folder {real}, "
                     "which no sandbox may write; work in another directory"

@@ -188,7 +188,7 @@ def test_warm_start_imports_no_starlark_as_a_user(unprivileged: UnprivilegedUser
     own cache still answers the second start-up."""
     rules = unprivileged.home / ".execgate" / "rules"
     for folder in (rules.parent, rules):
-        folder.mkdir()
+        folder.mkdir(exist_ok=True)  # the user is shared by the test session: others ran before
         os.chown(folder, unprivileged.uid, unprivileged.gid)
     (rules / "big.rules").write_text(_big_rules())
     os.chown(rules / "big.rules", unprivileged.uid, unprivileged.gid)

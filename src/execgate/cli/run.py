@@ -193,6 +193,8 @@ class _Ending:
             if not waiting.expired():
                 raise
             return signal.SIGTERM  # a wait status: killed by SIGTERM
+        finally:
+            self._waiting = None  # a signal during the teardown has nothing left to end
 
 
 async def _wait(session: EscalationSession, command: list[str], cwd: str, ending: _Ending) -> int:

@@ -32,7 +32,7 @@ from execgate.gate.session import (
 )
 from execgate.gate.skills import skill_scripts
 from execgate.policy import LoadedPolicy
-from execgate.sandbox import add_sandbox_arguments, sandbox_from_args
+from execgate.sandbox import add_sandbox_arguments, probe, sandbox_from_args
 from execgate.visible import VisibleFormatter
 
 
@@ -78,6 +78,13 @@ def run_command(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace, command: list[str]) -> int:
     config = load_config()
     cwd = str(working_directory())
+    loop = asyncio.get_running_loop()
+    probing = None
+    if (args.sandbox_mode or config.sandbox.mode or "off") != "off":
+        # The kernel's support is probed by a process of its own: let it run while the
+        # policy loads (the launcher's start asks for the answer, probed once per process).
+        probing = loop.run_in_executor(None, probe)
+        probing.add_done_callback(_retrieve)  # a failure is raised again where it is asked
     source = PolicySource(tuple(args.rules or ()), Path(cwd), config)
     load = source.load()
     for warning in load.warnings:
@@ -112,7 +119,6 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
             hosts_file=config.network.hosts_file,
             approvals=lambda: gate.approvals,
         )
-    loop = asyncio.get_running_loop()
     # Like a shell running a foreground job: the terminal's Ctrl-C and Ctrl-\ are for the
     # command; we outlive them to clean up. SIGTERM/SIGHUP end the whole session.
     for signum in (signal.SIGINT, signal.SIGQUIT):
@@ -127,6 +133,8 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
     if moved:
         print(f"execgate: warning: {moved}", file=sys.stderr)
     log_escalations()
+    if probing is not None:
+        await asyncio.wait([probing])
     session = await EscalationSession.open(
         SessionConfig(
             live=gate.live,
@@ -206,6 +214,11 @@ async def _wait(session: EscalationSession, command: list[str], cwd: str, ending
         print(denied.message, file=sys.stderr)
         return 126 << 8
     return await ending.wait(process)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _has_terminal() -> bool:

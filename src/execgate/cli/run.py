@@ -8,10 +8,11 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from execgate import paths
+from execgate import native, paths
 from execgate.cli.options import add_gate_arguments
 from execgate.cli.workdir import working_directory
 from execgate.config import load_config
@@ -79,12 +80,16 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
     config = load_config()
     cwd = str(working_directory())
     loop = asyncio.get_running_loop()
-    probing = None
+    # Checks the session's opening repeats (answered at once then, each remembered in this
+    # process) run meanwhile, while the policy loads: the native files' digests (hashing
+    # releases the GIL) and the kernel's sandbox support (a process of its own). A failure
+    # is raised again where the opening asks.
+    checks: list[Callable[[], object]] = [native.verify_installation]
     if (args.sandbox_mode or config.sandbox.mode or "off") != "off":
-        # The kernel's support is probed by a process of its own: let it run while the
-        # policy loads (the launcher's start asks for the answer, probed once per process).
-        probing = loop.run_in_executor(None, probe)
-        probing.add_done_callback(_retrieve)  # a failure is raised again where it is asked
+        checks.append(probe)
+    meanwhile = [loop.run_in_executor(None, check) for check in checks]
+    for future in meanwhile:
+        future.add_done_callback(_retrieve)
     source = PolicySource(tuple(args.rules or ()), Path(cwd), config)
     load = source.load()
     for warning in load.warnings:
@@ -133,8 +138,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
     if moved:
         print(f"execgate: warning: {moved}", file=sys.stderr)
     log_escalations()
-    if probing is not None:
-        await asyncio.wait([probing])
+    await asyncio.wait(meanwhile)
     session = await EscalationSession.open(
         SessionConfig(
             live=gate.live,

@@ -93,6 +93,7 @@ struct proc {
     int pipe;     /* read end of the error pipe while P_PENDING */
     enum state state;
     int main;     /* FLAGS had `main` */
+    int last;     /* FLAGS had `last`: the session ends with it */
     pid_t pgid;   /* its process group, for a main that took the terminal */
     struct conn *conn; /* an escalated program: its claimer's connection (no events sent) */
 };
@@ -146,6 +147,7 @@ static struct conn *g_dead;   /* released this round, freed at the top of the ne
 static struct ticket *g_tickets;
 static size_t g_ntickets;     /* at most MAX_TICKETS: each holds a descriptor */
 static long long g_accept_paused; /* now_ms() until which the claim socket is not polled */
+static int g_last_ended;      /* a `last` spawn was reaped: exit once no child is left */
 static int g_reset[NSIG];     /* signals not at their default disposition here: reset in children */
 static int g_nreset;
 
@@ -325,6 +327,8 @@ static int reap(void)
                 restore_terminal(p->pgid);
             send_exited(p->id, st);
         }
+        if (p->last)
+            g_last_ended = 1;
         remove_proc(p);
     }
 }
@@ -566,7 +570,7 @@ static void shutdown_session(long long grace_ms)
 
 struct spawn {
     long long id;
-    int sandbox, main;
+    int sandbox, main, last;
     long long pgid;
     const char *cwd, *path;     /* path: executed, or only named in messages (execfd) */
     int execfd;                 /* >= 0: execute this descriptor instead of path */
@@ -902,6 +906,8 @@ static int handle_spawn(struct eg_fields *f, int *fds, int nfds)
             s.sandbox = 1;
         else if (len == 4 && !strncmp(p, "main", 4))
             s.main = 1;
+        else if (len == 4 && !strncmp(p, "last", 4))
+            s.last = 1;
         else if (len)
             bad = p;
         p += len + (end ? 1 : 0);
@@ -914,10 +920,26 @@ static int handle_spawn(struct eg_fields *f, int *fds, int nfds)
     } else if (!s.path[0] || !s.cwd[0]) {
         send_failed(s.id, EINVAL, "empty program path or working directory");
     } else {
-        struct proc p = {.id = s.id, .state = P_PENDING, .main = s.main, .pgid = -1};
-        int r = start_child(&s, fds, &p);
-        if (r < 0)
-            send_failed(s.id, -r, strerror(-r));
+        struct proc p = {
+            .id = s.id, .state = P_PENDING, .main = s.main, .last = s.last, .pgid = -1};
+        if (s.sandbox) { /* forked: the sandbox set-up allocates (and may need a user ns) */
+            int r = start_child(&s, fds, &p);
+            if (r < 0)
+                send_failed(s.id, -r, strerror(-r));
+        } else { /* the cheap way: no page tables to copy, no error pipe to wait on */
+            struct failure failure;
+            int r = start_child_vfork(&s, fds, &p, &failure);
+            struct proc *q = r < 0 ? NULL : find_id(s.id);
+            if (!q)
+                send_failed(s.id, r < 0 ? -r : ENOMEM, strerror(r < 0 ? -r : ENOMEM));
+            else if (q->state == P_FAILED)
+                send_failed(s.id, failure.err, failure.msg);
+            else {
+                if (q->main)
+                    q->pgid = getpgid(q->pid);
+                send_spawned(s.id, q->pid);
+            }
+        }
     }
     free(s.argv);
     free(s.envp);
@@ -1498,6 +1520,13 @@ static void accept_claims(void)
         g_unfinished++;
         g_conns[g_nconns++] = c;
         conn_input(c); /* the claim is usually there already */
+        if (c->fd >= 0 && c->inlen == 0) {
+            /* Not yet: the connect woke us, and the claimer, which sends right after it, often
+             * waits for this CPU. Give it the CPU once before going back to poll (two more
+             * wake-ups). */
+            sched_yield();
+            conn_input(c);
+        }
     }
 }
 
@@ -1776,9 +1805,14 @@ int main(int argc, char **argv)
             while (read(g_sigfd, &si, sizeof si) == (ssize_t)sizeof si)
                 if (si.ssi_signo == SIGTERM)
                     term = 1;
-            reap();
+            int left = reap();
             if (term)
                 shutdown_session(EOF_GRACE_MS);
+            /* The session's last program ended and nothing of the session is left (orphans
+             * come to us, so no child means no descendant): end now, without waiting for the
+             * server's `shutdown` (it comes after the `exited` it reads; we are gone by then). */
+            if (g_last_ended && left < 0)
+                shutdown_session(0);
         }
         /* Control before claims: an authorization is read before the claim it is for. */
         if (pfds[0].revents)

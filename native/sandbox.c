@@ -594,6 +594,12 @@ static int collect(const struct sb_config *c, struct paths *roots, struct paths 
         return 0;
     for (int i = 0; i < c->writable.n; i++) {
         char *r = realpath(c->writable.v[i], NULL);
+        /* The server names roots by their canonical paths: one that no longer is (a symlink
+         * was put on its way since) would make the link's target writable. Not writable. */
+        if (r && strcmp(r, c->writable.v[i])) {
+            free(r);
+            continue;
+        }
         if (r && paths_add(roots, r) < 0)
             return -ENOMEM;
     }
@@ -618,6 +624,44 @@ static int collect(const struct sb_config *c, struct paths *roots, struct paths 
     /* Outer paths first, so an inner carve-out is mounted on top of an outer one. */
     if (carve->n > 1)
         qsort(carve->v, (size_t)carve->n, sizeof *carve->v, by_length);
+    return 0;
+}
+
+/* Make every folder strictly inside a writable root on the way to path (path itself too when
+ * with_self) a mount point of its own, bound onto itself with what is below it (so it stays
+ * writable as before): a mount point cannot be renamed or removed. Otherwise a confined process
+ * could move a folder holding a read-only carve-out (the mount goes along) or a writable root
+ * inside another root away from its path and put a folder or a symlink of its own there, which
+ * the server and the next sandbox would then take for the real one. pinned: the folders done. */
+static int pin_folders(const char *path, int with_self, const struct paths *roots,
+                       struct paths *pinned, char *msg, size_t cap)
+{
+    char buf[PATH_MAX];
+    size_t n = strlen(path);
+    if (n >= sizeof buf || path[0] != '/')
+        return 0;
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] != '/' && (buf[i] != '\0' || !with_self))
+            continue;
+        char c = buf[i];
+        buf[i] = '\0';
+        int inside = 0;
+        for (int k = 0; k < roots->n && !inside; k++)
+            inside = is_under(buf, roots->v[k]) && strcmp(buf, roots->v[k]);
+        int done = 0;
+        for (int k = 0; k < pinned->n && !done; k++)
+            done = !strcmp(pinned->v[k], buf);
+        if (inside && !done) {
+            if (mount(buf, buf, NULL, MS_BIND | MS_REC, NULL) < 0 && errno != ENOENT &&
+                errno != ENOTDIR)
+                return fail(msg, cap, errno, "cannot pin the folder %s (bind mount)", buf);
+            char *copy = strdup(buf);
+            if (!copy || paths_add(pinned, copy) < 0)
+                return fail(msg, cap, ENOMEM, "pinning folders");
+        }
+        buf[i] = c;
+    }
     return 0;
 }
 
@@ -870,7 +914,7 @@ int sb_apply(const struct sb_config *c, const char *cwd, char *msg, size_t cap)
                     "Landlock ABI %d is too old (need %d, Linux 6.2, to control truncation)", abi,
                     SB_MIN_LANDLOCK_ABI);
 
-    struct paths roots = {0}, carve = {0};
+    struct paths roots = {0}, carve = {0}, pinned = {0};
     int r = collect(c, &roots, &carve);
     if (r < 0) {
         r = fail(msg, cap, -r, "collecting the writable roots");
@@ -890,6 +934,15 @@ int sb_apply(const struct sb_config *c, const char *cwd, char *msg, size_t cap)
     }
     if (r == 0) {
         if ((r = readonly_tree(roots.v, roots.n, msg, cap)) < 0)
+            goto out;
+        /* Before the carve-outs are mounted (a pin binds what is below it). */
+        for (int i = 0; i < roots.n && r == 0; i++)
+            r = pin_folders(roots.v[i], 1, &roots, &pinned, msg, cap);
+        for (int i = 0; i < carve.n && r == 0; i++)
+            r = pin_folders(carve.v[i], 0, &roots, &pinned, msg, cap);
+        for (int i = 0; i < c->hide.n && r == 0; i++)
+            r = pin_folders(c->hide.v[i], 0, &roots, &pinned, msg, cap);
+        if (r < 0)
             goto out;
         for (int i = 0; i < carve.n; i++)
             if ((r = bind_readonly(carve.v[i], msg, cap)) < 0)
@@ -920,6 +973,7 @@ int sb_apply(const struct sb_config *c, const char *cwd, char *msg, size_t cap)
 out:
     paths_free(&roots);
     paths_free(&carve);
+    paths_free(&pinned);
     return r;
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -32,6 +33,16 @@ def make_private_dir(path: Path) -> Path:
             continue  # made by someone else meanwhile: theirs, not ours to chmod
         os.chmod(folder, PRIVATE_DIR)
     return path
+
+
+def is_own_private_dir(path: Path) -> bool:
+    """Whether ``path`` is a folder (not a symlink) of this user that nobody else may enter
+    (no group or other bits): one another user made first in a shared place is not."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
 def open_private(path: Path, flags: int) -> int:

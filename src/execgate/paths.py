@@ -198,3 +198,31 @@ def state_paths() -> list[Path]:
         codex_home() / "rules",
         Path.home() / ".codex" / "rules",
     ]
+
+
+#: Files this process records decisions in besides the log (``--audit FILE``).
+_record_files: list[Path] = []
+
+
+def add_record_file(path: Path) -> None:
+    """``path`` records this process's decisions (``--audit``): every sandbox it starts keeps
+    it read-only, as it keeps the log (a gated process must not rewrite its own record)."""
+    real = Path(os.path.realpath(path))
+    if real not in _record_files:
+        _record_files.append(real)
+
+
+def record_files() -> list[Path]:
+    """The files given to :func:`add_record_file`."""
+    return list(_record_files)
+
+
+def session_folders() -> list[Path]:
+    """Where the folders of sessions (gate socket, policy snapshot, stand-ins) are made, best
+    first: a folder of this user's under ``$XDG_RUNTIME_DIR``, ``/dev/shm`` and ``/tmp``, and
+    ``$EXECGATE_HOME/run``. Every sandbox keeps them all read-only, so no confined process
+    can reach into another session's folder (``/dev/shm`` and ``/tmp`` are writable roots)."""
+    name = f"execgate-sessions-{os.getuid()}"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    found = [Path(runtime) / name] if runtime and os.path.isabs(runtime) else []
+    return [*found, Path("/dev/shm") / name, execgate_home() / "run", Path("/tmp") / name]

@@ -217,3 +217,19 @@ def test_each_escalation_is_logged(gate: Gate) -> None:
     sh = os.path.realpath("/usr/bin/sh")
     assert f"escalated sh -c true (program {sh}," in lines[0]
     assert "sandbox workspace-write" in lines[0]
+
+
+def test_a_loop_of_escalations_logs_every_one_in_order(gate: Gate) -> None:
+    """The escalations log is written in batches after the answers: none is lost, each line
+    names its own asking process and carries the time of its decision (in order)."""
+    gate.write_rules('prefix_rule(["sh"], "allow")\n')
+    result = gate.run("for i in $(seq 40); do sh -c 'echo $0' $i; done", options=WS)
+    assert result.stdout.decode().split() == [str(i) for i in range(1, 41)]
+    log = (Path(gate.env["EXECGATE_HOME"]) / "log" / "escalations.log").read_text()
+    lines = log.splitlines()
+    assert [line.split(" (program ")[0].rsplit(" ", 1)[1] for line in lines] == [
+        str(i) for i in range(1, 41)
+    ]
+    assert len({line.split(", pid ")[1].split(",")[0] for line in lines}) == 40
+    stamps = [line[:23] for line in lines]
+    assert stamps == sorted(stamps)

@@ -7,6 +7,10 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import anyio
+import pytest
+
+from execgate.gate import session as session_module
 from execgate.gate.askers import DenyingAsker
 from execgate.gate.escalation import PolicyEscalation
 from execgate.gate.livepolicy import LivePolicy
@@ -83,5 +87,46 @@ def test_spare_is_reused_only_for_the_same_arguments(tmp_path: Path) -> None:
             await session.aclose()
         await reserve.aclose()
         assert not last_spare.dir.exists() and not alive(last_spare.launcher.pid)
+
+    asyncio.run(main())
+
+
+def test_spare_is_opened_once_the_session_handed_out_has_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening the next spare must not compete with the call that took the last one: it waits
+    for that session's close (here: however long it runs), and a taker that cannot wait gets
+    it opened at once."""
+    monkeypatch.setattr(session_module, "REFILL_AFTER", 3600.0)
+    rules = tmp_path / "r.rules"
+    rules.write_text('prefix_rule(["git", "push"], "prompt")\n')
+    policy = load_rules_files([rules])
+    config = SessionConfig(
+        live=LivePolicy(policy, search_path="/usr/bin:/bin"),
+        escalation=PolicyEscalation(lambda: policy),
+        sandbox=build_spec("workspace-write", cwd=tmp_path),
+        base_env={"PATH": "/usr/bin:/bin"},
+    )
+    caller = SessionCaller(DenyingAsker("test"))
+
+    async def main() -> None:
+        async with SessionReserve().running() as reserve:
+            first = await reserve.take(config, caller)
+            waiting = reserve._spare
+            assert waiting is not None
+            await asyncio.sleep(0.3)  # the spare is not opened while `first` is open
+            assert not waiting._done.is_set()
+            await first.aclose()
+            with anyio.fail_after(60):
+                await waiting._done.wait()  # opened after the close, nobody asked for it
+            second = await reserve.take(config, caller)
+            assert second is waiting._session and second is not first
+            hurried = reserve._spare
+            assert hurried is not None
+            with anyio.fail_after(60):  # wanted now: opened although `second` is open
+                third = await reserve.take(config, caller)
+            assert third is await hurried.result()
+            for session in (second, third):
+                await session.aclose()
 
     asyncio.run(main())

@@ -305,6 +305,35 @@ def test_children_die_with_a_killed_launcher() -> None:
     assert "launcher" in outcome
 
 
+def test_the_launcher_ends_by_itself_once_its_last_program_and_all_it_left_are_gone() -> None:
+    """``last``: after that program exits, the launcher exits (status 0) as soon as no process
+    of the session is left, without a ``shutdown`` — not while a background child it left
+    still runs, and not after other programs exit."""
+
+    async def go() -> None:
+        launcher = await started()
+        other = await sh(launcher, "exit 3", sandboxed=False)
+        assert other.code == 3
+        r, w = os.pipe()
+        with open(os.devnull, "r+b") as null:
+            main = await launcher.spawn(
+                path=b"/bin/sh", argv=[b"sh", b"-c", b"sleep 100 & echo $!"], env=env_list(),
+                cwd=b"/", fds={0: null.fileno(), 1: w}, sandboxed=False, main=True, last=True,
+            )  # fmt: skip
+        os.close(w)
+        assert await main.wait() == 0  # reported before the launcher goes
+        left = int(os.read(r, 100).decode())
+        os.close(r)
+        await asyncio.sleep(0.3)
+        assert alive(left) and not launcher._exit.done()  # its leftover still runs
+        os.kill(left, signal.SIGKILL)
+        assert await asyncio.wait_for(asyncio.shield(launcher._exit), 30) == 0
+        assert not alive(left)
+        await launcher.shutdown()  # still fine to call
+
+    run(go)
+
+
 SCENARIO = Path(__file__).with_name("subreaper_scenario.py")
 
 

@@ -8,6 +8,7 @@ a ``CI`` variable; the metadata checks always run.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -96,3 +97,33 @@ def test_build_install_and_gate(tmp_path: Path) -> None:
     assert gated.stdout == "ran\n", gated
     assert "execgate: denied: git push: publishes or changes something" in gated.stderr
     assert gated.returncode == 126
+
+    # `execgate mcp` without the MCP SDK (a test dependency only): the wheel's own server
+    # answers a client and runs a gated call.
+    assert subprocess.run([str(venv / "bin/python"), "-c", "import mcp"]).returncode != 0
+    messages = [
+        {"method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                            "clientInfo": {"name": "wheel", "version": "1"}}},
+        {"method": "tools/call", "params": {"name": "shell", "arguments": {
+            "command": "echo mcp-$((6*7)); git push", "workdir": str(home), "login": False}}},
+    ]  # fmt: skip
+    server = subprocess.Popen(
+        [str(venv / "bin/execgate"), "mcp", "--sandbox", "off", "--elicitation", "never"],
+        env=env,
+        cwd=home,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert server.stdin is not None and server.stdout is not None
+    replies = []
+    for number, message in enumerate(messages, 1):
+        server.stdin.write(json.dumps({"jsonrpc": "2.0", "id": number, **message}).encode())
+        server.stdin.write(b"\n")
+        server.stdin.flush()
+        replies.append(json.loads(server.stdout.readline()))
+    server.stdin.close()
+    assert server.wait(timeout=120) == 0
+    assert replies[0]["result"]["serverInfo"]["name"] == "execgate", replies
+    output = replies[1]["result"]["structuredContent"]["output"]
+    assert output.startswith("mcp-42\nexecgate: denied: git push"), replies

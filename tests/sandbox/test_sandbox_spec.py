@@ -28,6 +28,7 @@ from execgate.sandbox import (
     spec_from_codex_policy,
     trial,
 )
+from execgate.sandbox.spec import path_under
 
 ENV = {"TMPDIR": "/tmp"}
 
@@ -157,6 +158,41 @@ def test_allows_write_and_gate_paths(tmp_path: Path) -> None:
     assert not build_spec("read-only", cwd=tmp_path).allows_write(tmp_path)
     assert OFF.allows_write(Path("/etc/passwd"))
     assert "network off" in spec.describe() and OFF.describe().startswith("off")
+
+
+def test_path_under_is_lexical_containment() -> None:
+    """The fast check says what ``root in path.parents`` says (sibling prefixes are not
+    inside, ``/`` holds everything)."""
+    paths = ["/", "/a", "/a/b", "/a/bc", "/a/b/c", "/ab", "/a/b/../c", "rel", "rel/x"]
+    for path in map(Path, paths):
+        for root in map(Path, paths):
+            assert path_under(path, root) == (path == root or root in path.parents), (path, root)
+
+
+def test_allows_write_resolves_each_roots_protected_names(tmp_path: Path) -> None:
+    """What a root's protected names and the read-only paths cover, resolved, for the paths
+    inside that root (the definition, checked against the spec's faster code)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    (two / "repo.git").mkdir(parents=True)
+    (one / "sub").mkdir(parents=True)
+    (one / ".git").symlink_to(two / "repo.git")
+    (two / ".codex").symlink_to(one / "sub")
+    spec = build_spec(
+        "workspace-write", cwd=one, env=ENV, writable_roots=[str(two)], exclude_tmp=True,
+        exclude_tmpdir=True,
+    ).with_gate_paths(readonly=[two / "ro"])  # fmt: skip
+
+    def definition(path: Path) -> bool:
+        path = real(path)
+        roots = [r for r in spec.writable_roots if r == path or r in path.parents]
+        covered = [real(p) for p in spec.readonly_paths]
+        covered += [real(r / n) for r in roots for n in spec.protected_names]
+        return bool(roots) and not any(c == path or c in path.parents for c in covered)
+
+    names = [".git/config", "sub/x", "x", "repo.git/config", ".codex/y", "ro/z", "ro", "../x"]
+    checked = [root / name for root in (one, two) for name in names]
+    assert [spec.allows_write(p) for p in checked] == [definition(p) for p in checked]
+    assert not spec.allows_write(two / "ro" / "z") and spec.allows_write(one / "x")
 
 
 # -- Codex policies --------------------------------------------------------------------------

@@ -292,9 +292,10 @@ def run_grants(args: argparse.Namespace) -> int:
         return 0
     for grant, line in found:
         prefix = command_line(grant.prefix, 400)
-        who = f"{_when(grant.time)} by {grant.answered_by}"
-        call = f" call {grant.call}" if grant.call is not None else ""
-        session = f"session {grant.front}:{grant.session[:8]}{call}"
+        # The log is the user's file, writable by a gated process when the sandbox is off.
+        who = f"{_when(grant.time)} by {visible(grant.answered_by, 40)}"
+        call = f" call {visible(str(grant.call), 20)}" if grant.call is not None else ""
+        session = f"session {visible(grant.front, 20)}:{visible(grant.session[:8])}{call}"
         if grant.scope == "always":
             where = f"{quote_word(str(grant.rule_file))}:{line}"
             print(f"{grant.id}  always   `{prefix}`  {where}  {who} ({session})")

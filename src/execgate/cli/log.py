@@ -141,14 +141,14 @@ def run_verify(args: argparse.Namespace) -> int:
 def run_replay(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from execgate.decisionlog.query import parse_since, records
+    from execgate.decisionlog.query import parse_since, record_time, records
     from execgate.decisionlog.replay import replay
     from execgate.policy import load_chosen_policy
 
     since = parse_since(args.since) if args.since else None
     policy = load_chosen_policy([Path(p) for p in args.rules]).policy
     result = replay(
-        records(_log_path(), lambda r: since is None or float(r.get("time", 0)) >= since),
+        records(_log_path(), lambda r: since is None or record_time(r) >= since),
         policy,
     )
     for line in result.lines():

@@ -1,31 +1,28 @@
-"""``execgate mcp``: serve the gated ``shell`` tool over MCP (stdio). See docs/mcp.md."""
+"""``execgate mcp``: serve the gated ``shell`` tool over MCP (stdio). See docs/mcp.md.
+
+Start-up is on the client's clock: the main thread answers ``initialize`` as soon as it comes
+(:mod:`execgate.mcp_front.opening`) while a thread imports the server, reads the configuration
+and loads the policy (:func:`_prepare`). Only this module's parser is on the path to the first
+answer; everything else is imported by the preparation.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from execgate import __version__, paths
+from execgate import __version__
 from execgate.cli.options import add_gate_arguments
-from execgate.cli.workdir import working_directory
-from execgate.config import check_tools, load_config
-from execgate.decisionlog import open_front_log
 from execgate.errors import ExecgateError
-from execgate.gate import orphans
-from execgate.gate.livepolicy import PolicySource
-from execgate.sandbox import (
-    add_sandbox_arguments,
-    build_spec,
-    require_support,
-    sandbox_from_args,
-)
-from execgate.visible import VisibleFormatter
+from execgate.sandbox.spec import add_sandbox_arguments
+
+if TYPE_CHECKING:
+    from execgate.mcp_front.server import McpOptions, PolicyState
 
 
 def register(subparsers: Any) -> None:
@@ -124,6 +121,8 @@ def _workspace(value: str | None, cwd: Path) -> Path:
 
 
 def _configure_logging(args: argparse.Namespace) -> None:
+    from execgate.visible import VisibleFormatter
+
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(VisibleFormatter("execgate mcp: %(levelname)s: %(message)s"))
     root = logging.getLogger()
@@ -138,7 +137,49 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 
 def run_mcp(args: argparse.Namespace) -> int:
-    from execgate.mcp_front import McpOptions, serve
+    from execgate.mcp_front.opening import Preparation, answer_opening, claim_stdio
+
+    seen = _rules_now(args.rules)  # the rules in force are those of the first answer
+    stdio = claim_stdio()
+    preparation = Preparation(lambda: _prepare(args, seen))
+    opening = answer_opening(stdio, preparation.done_fd)
+    options, state = preparation.result()  # a bad configuration or policy: its one line
+    if opening.eof and not opening.unread.strip():  # the client left after the handshake
+        if options.decisions is not None:
+            options.decisions.close()
+        return 0
+    import asyncio
+
+    from execgate.mcp_front.server import serve
+
+    asyncio.run(serve(options, state, stdio, opening))
+    return 0
+
+
+def _rules_now(rules: list[Path] | None) -> dict[str, os.stat_result | None]:
+    """The ``--rules`` files as they are now (the policy is loaded after the first answer)."""
+    seen: dict[str, os.stat_result | None] = {}
+    for path in rules or ():
+        try:
+            seen[os.path.abspath(path)] = os.stat(path)
+        except OSError:
+            seen[os.path.abspath(path)] = None
+    return seen
+
+
+def _prepare(
+    args: argparse.Namespace, seen: dict[str, os.stat_result | None]
+) -> tuple[McpOptions, PolicyState]:
+    """Everything the server needs before its first tool call (run in a thread while the
+    opening is answered): configuration, sandbox, decision log, policy."""
+    from execgate import paths
+    from execgate.cli.workdir import working_directory
+    from execgate.config import check_tools, load_config
+    from execgate.decisionlog import open_front_log
+    from execgate.gate import orphans
+    from execgate.gate.livepolicy import PolicySource
+    from execgate.mcp_front.server import McpOptions, PolicyState
+    from execgate.sandbox import build_spec, require_support, sandbox_from_args
 
     _configure_logging(args)
     orphans.adopt_orphans()  # what a killed launcher leaves behind is ours to kill
@@ -153,15 +194,16 @@ def run_mcp(args: argparse.Namespace) -> int:
         raise ExecgateError("--reload-interval must be positive")
 
     workspace = _workspace(args.workspace, cwd)
+    source = PolicySource(tuple(args.rules or ()), cwd, config)
+    first = source.load()  # PolicyError (one line, file:line:col) stops start-up
     # Fixed here, never by a call: the model picks a call's `workdir`, not what is writable.
     # Network rules in force make the proxy workspace-write's default network mode.
-    rules = PolicySource(tuple(args.rules or ()), cwd, config).load().policy.network_rules
     sandbox = sandbox_from_args(
         args,
         config.sandbox,
         cwd=workspace,
         default_mode="workspace-write",
-        network_rules=bool(rules),
+        network_rules=bool(first.policy.network_rules),
     )
     bounds = build_spec(
         "workspace-write",
@@ -194,5 +236,4 @@ def run_mcp(args: argparse.Namespace) -> int:
         if args.tools is None
         else check_tools(tuple(n.strip() for n in args.tools.split(",") if n.strip()), "--tools"),
     )
-    asyncio.run(serve(options))
-    return 0
+    return options, PolicyState(options, source, first, seen)

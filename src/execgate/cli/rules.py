@@ -680,13 +680,13 @@ def run_untrust(args: argparse.Namespace) -> int:
 
 
 def run_suggest(args: argparse.Namespace) -> int:
-    from execgate.decisionlog.query import parse_since, records
+    from execgate.decisionlog.query import parse_since, record_time, records
     from execgate.decisionlog.suggest import suggest
     from execgate.paths import decision_log_file
 
     since = parse_since(args.since) if args.since else None
     found = suggest(
-        records(decision_log_file(), lambda r: since is None or float(r.get("time", 0)) >= since),
+        records(decision_log_file(), lambda r: since is None or record_time(r) >= since),
         min_count=max(1, args.min_count),
     )
     if not found:

@@ -30,6 +30,8 @@ def open_front_log(front: str, config: Config, *, audit: Path | None) -> Decisio
     settings = settings_from(config.otel, os.environ)
     if settings is not None:
         export = start_export(settings)
+    if audit is not None:
+        paths.add_record_file(audit)
     return open_decision_log(
         front,
         path=paths.decision_log_file() if config.log.enabled else None,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from execgate.decisionlog.query import HUMANS
+from execgate.decisionlog.query import HUMANS, record_time
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def grants(records: Iterable[dict[str, Any]]) -> list[Grant]:
                 front=str(record.get("front", "")),
                 call=record.get("call"),
                 prefix=prefix,
-                time=float(record.get("time", 0)),
+                time=record_time(record),
                 answered_by=str(record.get("answered_by")),
                 rule_line=record.get("rule_line"),
                 rule_file=rule_file,

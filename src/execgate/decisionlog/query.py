@@ -46,7 +46,7 @@ class Filter:
     grep: re.Pattern[str] | None = None
 
     def __call__(self, record: dict[str, Any]) -> bool:
-        if self.since is not None and float(record.get("time", 0)) < self.since:
+        if self.since is not None and record_time(record) < self.since:
             return False
         if self.denied and record.get("decision") != "deny":
             return False
@@ -72,7 +72,8 @@ def exec_command(record: dict[str, Any]) -> list[str]:
     command = record.get("command")
     if isinstance(command, list) and command:
         return [str(word) for word in command]
-    argv = [str(word) for word in record.get("argv", [])]
+    words = record.get("argv")
+    argv = [str(word) for word in words] if isinstance(words, list) else []
     return [str(record.get("program", "")), *argv[1:]]
 
 
@@ -81,13 +82,26 @@ def exec_command(record: dict[str, Any]) -> list[str]:
 _COLOURS = {"deny": "31", "escalate": "33", "run": "32"}
 
 
+def record_time(record: dict[str, Any]) -> float:
+    """A record's time; 0 when it is not a usable number (a line written by hand)."""
+    value = record.get("time", 0)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    return float(value) if 0 <= value < 1e11 else 0.0
+
+
 def render(record: dict[str, Any], *, colour: bool) -> str:
-    """``TIME  DECISION  FRONT:SESSION  COMMAND  [answer by who]  — reason (rule)``."""
-    when = datetime.fromtimestamp(float(record.get("time", 0))).strftime("%Y-%m-%d %H:%M:%S")
-    decision = str(record.get("decision", "?"))
-    argv = [str(w) for w in record.get("argv", [])] or exec_command(record)
-    call = f".{record['call']}" if record.get("call") is not None else ""
-    who = f"{record.get('front', '?')}:{str(record.get('session', ''))[:8]}{call}"
+    """``TIME  DECISION  FRONT:SESSION  COMMAND  [answer by who]  — reason (rule)``.
+
+    Every field is shown visible: with the sandbox off a gated process can write the log
+    itself, so no field of a record may reach the terminal raw."""
+    when = datetime.fromtimestamp(record_time(record)).strftime("%Y-%m-%d %H:%M:%S")
+    decision = visible(str(record.get("decision", "?")), 20)
+    argv = record.get("argv", [])
+    argv = ([str(w) for w in argv] if isinstance(argv, list) else []) or exec_command(record)
+    call = f".{visible(str(record['call']), 20)}" if record.get("call") is not None else ""
+    front = visible(str(record.get("front", "?")), 20)
+    who = f"{front}:{visible(str(record.get('session', ''))[:8])}{call}"
     if record.get("kind") == "permission":
         detail = json.dumps(record.get("detail", {}), ensure_ascii=True, separators=(",", ":"))
         what = f"permission {visible(str(record.get('permission', '?')))} {visible(detail, 300)}"
@@ -95,7 +109,8 @@ def render(record: dict[str, Any], *, colour: bool) -> str:
         what = command_line(argv, 300)
     parts = [when, f"{decision:8}", who, what]
     if "answer" in record:
-        parts.append(f"[{record['answer']} by {record.get('answered_by', '?')}]")
+        answer = visible(str(record["answer"]), 20)
+        parts.append(f"[{answer} by {visible(str(record.get('answered_by', '?')), 40)}]")
     elif record.get("source") in ("fail-closed", "grant"):
         parts.append(f"[{record['source']}]")
     why = record.get("reason") or (

@@ -11,6 +11,7 @@ is taken, the longest (narrowest) of those that tie, until none saves ``min_coun
 
 from __future__ import annotations
 
+import json
 import posixpath
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,9 +32,13 @@ class Suggestion:
         from execgate.visible import command_line
 
         plural = "s" if self.saves != 1 else ""
+        line = allow_rule_line(self.prefix)
+        if not line.isprintable():  # printed on a terminal: hidden characters as \u escapes,
+            # which the rules language reads back as the same characters
+            pattern = ", ".join(json.dumps(token) for token in self.prefix)
+            line = f'prefix_rule(pattern=[{pattern}], decision="allow")'
         return (
-            f"# saves {self.saves} question{plural}, e.g. {command_line(self.example, 200)}\n"
-            f"{allow_rule_line(self.prefix)}"
+            f"# saves {self.saves} question{plural}, e.g. {command_line(self.example, 200)}\n{line}"
         )
 
 

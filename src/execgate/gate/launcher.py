@@ -279,6 +279,7 @@ class Launcher:
         sandboxed: bool,
         pgid: int = -1,
         main: bool = False,
+        last: bool = False,
     ) -> LaunchedProcess:
         """Start ``path`` with exactly ``fds`` (target number -> our descriptor, which stays
         ours), ``argv``, ``env`` and ``cwd``; confined when ``sandboxed``.
@@ -286,13 +287,16 @@ class Launcher:
         ``pgid``: ``-1`` the launcher's process group, ``0`` a new one, ``N`` join group N
         (a new one if that is not allowed). ``main``: the session's main program; if it has a
         group of its own and the launcher's group owns the terminal, it gets the terminal
-        (given back when it exits). Raises :class:`SpawnError` if nothing ran.
+        (given back when it exits). ``last``: the session ends with it: once it has exited and
+        no process of the session is left, the launcher exits by itself (nothing can be
+        spawned after it). Raises :class:`SpawnError` if nothing ran.
         """
         if not self.running:
             raise LauncherError("the session launcher is not running")
         if pgid < -1:
             raise ValueError(f"bad process group {pgid}")
-        flags = [name for name, on in (("sandbox", sandboxed), ("main", main)) if on]
+        chosen = (("sandbox", sandboxed), ("main", main), ("last", last))
+        flags = [name for name, on in chosen if on]
         targets = list(fds)
         spawn_id = next(self._ids)
         frame = encode_spawn(
@@ -474,7 +478,9 @@ class Launcher:
                 self._loop.remove_reader(pidfd)
                 os.close(pidfd)
             orphans.disown(self.pid)
-            if self._shutdown_task is None:  # lost, not shut down: kill what it left behind
+            # Lost, not shut down: kill what it left behind. A launcher that exits 0 (after
+            # its `last` program) has reaped its whole tree: nothing was left to us.
+            if self._shutdown_task is None and status != 0:
                 sweep = self._loop.create_task(orphans.kill_adopted())
                 self._posted.add(sweep)
                 sweep.add_done_callback(self._posted.discard)

@@ -169,8 +169,10 @@ class GatePolicy:
         self.approvals = _approvals(load)
         self.escalation = PolicyEscalation(
             lambda: self.live.policy,
-            aliases=self.live.current_aliases,
-            contents=self.live.current_contents,
+            # As of the request's current_contents() (each caller drains the folder watch
+            # right before judging: once per exec is enough).
+            aliases=lambda: self.live.aliases,
+            contents=lambda: self.live.contents,
             user_approves=lambda judgement: self.approvals.covers(judgement),
             can_record_always=lambda judgement: self.approvals.can_record(judgement),
             on_prompt_deny=on_prompt_deny,

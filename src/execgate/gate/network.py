@@ -95,8 +95,9 @@ class NetworkGate:
         self._record = record
         self._proxy_port = proxy_port
         self.resolver = Resolver(settings.hosts_file)
-        # (host, protocol) a human allowed for the rest of this session
-        self.session_allowed: set[tuple[str, str]] = set()
+        # (host, protocol) a human allowed for the rest of this session -> the internal
+        # addresses that human was shown for it (a grant covers no other internal address)
+        self.session_allowed: dict[tuple[str, str], frozenset[IPAddress]] = {}
 
     def _approvals(self) -> UserApprovals:
         get = self.settings.approvals
@@ -138,13 +139,7 @@ class NetworkGate:
             rule, source = f"network.default = {self.settings.default}", "none"
         if decision == Decision.FORBIDDEN:
             return await refuse(_forbidden_text(where, judgement, rule), rule, source)
-        # A prompt already answered: "for this session", or "always" (a user-layer allow).
-        answered = decision == Decision.PROMPT and (
-            (target.host, target.protocol) in self.session_allowed
-            or bool(judgement.matches and self._approvals().covers_network(judgement))
-        )
-        if answered and (target.host, target.protocol) in self.session_allowed:
-            source = "grant"
+        key = (target.host, target.protocol)
         try:
             addresses = await self.resolver.resolve(target.host, target.port)
         except ResolveError as exc:
@@ -152,6 +147,15 @@ class NetworkGate:
                 f"execgate: network access to {where}: cannot resolve: {exc}", rule, source
             )
         internal = [a for a in addresses if is_internal(a)]
+        # A prompt already answered: "always" (a user-layer allow rule), or "for this session"
+        # while the name points at no internal address that human was not shown (a name can
+        # move: DNS rebinding).
+        granted = key in self.session_allowed and set(internal) <= self.session_allowed[key]
+        answered = decision == Decision.PROMPT and (
+            granted or bool(judgement.matches and self._approvals().covers_network(judgement))
+        )
+        if answered and granted:
+            source = "grant"
         # An allow rule that names this very host vouches for where it points (and so does a
         # human who saw the addresses).
         named = answered or (decision == Decision.ALLOW and bool(judgement.matches))
@@ -166,7 +170,8 @@ class NetworkGate:
                 return await refuse(f"execgate: network access to {where} denied: {why}",
                                     rule, source)  # fmt: skip
             if approval.answer in (Answer.ALLOW_SESSION, Answer.ALLOW_ALWAYS):
-                self.session_allowed.add((target.host, target.protocol))
+                seen = self.session_allowed.get(key, frozenset())
+                self.session_allowed[key] = seen | frozenset(internal)
             if approval.answer == Answer.ALLOW_ALWAYS:
                 asked["rule_line"] = network_allow_line(target.host, target.protocol)
                 asked["rule_file"] = str(paths.user_default_rules_file())

@@ -17,13 +17,16 @@ import posixpath
 import re
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from execgate.gate.content import NO_CONTENTS, ContentIndex
 from execgate.gate.identity import ExecFile, FileId, Interpreter
 from execgate.gate.protocol import ExecRequest
 from execgate.visible import command_line
 
+# display() of recent short commands: (words, limit) -> line.
+_displays: dict[tuple[tuple[str, ...], int], str] = {}
+_DISPLAYS_KEPT = 512
 # glibc's dynamic loader names (any architecture).
 _LOADER = re.compile(r"^ld(-linux)?([-.][\w.-]*)?\.so(\.\d+)*$|^ld\.so$")
 # ld.so options that take a value (ld.so --help, glibc 2.36).
@@ -71,18 +74,28 @@ class GatedExec:
 
     @classmethod
     def from_request(
-        cls, req: ExecRequest, program: ExecFile, interpreters: tuple[Interpreter, ...]
+        cls,
+        req: ExecRequest,
+        program: ExecFile,
+        interpreters: tuple[Interpreter, ...],
+        *,
+        path: str | None = None,
+        cwd: str | None = None,
+        pid: int | None = None,
+        ppid: int | None = None,
     ) -> GatedExec:
+        """The request as the client put it; ``path``, ``cwd``, ``pid`` and ``ppid`` replace
+        its claims (see :func:`vouched`)."""
         return cls(
-            path=os.fsdecode(req.path),
+            path=os.fsdecode(req.path) if path is None else path,
             realpath=program.realpath,
             dev=program.dev,
             ino=program.ino,
             argv=tuple(map(os.fsdecode, req.argv)),
-            cwd=os.fsdecode(req.cwd),
+            cwd=os.fsdecode(req.cwd) if cwd is None else cwd,
             interpreters=interpreters,
-            pid=req.pid,
-            ppid=req.ppid,
+            pid=req.pid if pid is None else pid,
+            ppid=req.ppid if ppid is None else ppid,
             via=req.via,
             leaves_gate=runs_file(program, interpreters).leaves_gate,
             content_names=program.content_names,
@@ -118,8 +131,17 @@ class GatedExec:
 
     def display(self, limit: int = 300) -> str:
         """The command as the caller wrote it (its ``argv[0]``), for one-line messages."""
-        words = [self.argv[0] if self.argv and self.argv[0] else self.path, *self.argv[1:]]
-        return command_line(words, limit)
+        words = (self.argv[0] if self.argv and self.argv[0] else self.path, *self.argv[1:])
+        key = (words, limit)
+        shown = _displays.get(key)
+        if shown is None:
+            shown = command_line(words, limit)
+            # Loops show the same few commands: keep the short ones (bounded memory).
+            if sum(map(len, words)) <= limit:
+                if len(_displays) >= _DISPLAYS_KEPT:
+                    _displays.clear()
+                _displays[key] = shown
+        return shown
 
     def display_judged(self, limit: int = 2000) -> str:
         """The command as policy judged it: the identified program, then the arguments (the
@@ -139,25 +161,30 @@ class GatedExec:
         )
 
 
-def vouched(exec_: GatedExec, pid: int) -> GatedExec:
-    """``exec_`` with what the client only claimed replaced by what the kernel says: the asking
-    process is the socket's peer (``SO_PEERCRED``), its parent and working directory come from
-    ``/proc``, and ``path`` counts as a name of the program only while it still names the file
-    that was judged (else the file's canonical path stands in: a name that points elsewhere
-    could make policy judge another file than the one that runs)."""
+def vouched(
+    req: ExecRequest, program: ExecFile, interpreters: tuple[Interpreter, ...], pid: int
+) -> GatedExec:
+    """The request with what the client only claimed replaced by what the kernel says: the
+    asking process is the socket's peer (``SO_PEERCRED``), its parent and working directory
+    come from ``/proc``, and ``path`` counts as a name of the program only while it still
+    names the file that was judged (else the file's canonical path stands in: a name that
+    points elsewhere could make policy judge another file than the one that runs)."""
     try:
         cwd = os.readlink(f"/proc/{pid}/cwd")
     except OSError:
-        cwd = exec_.cwd  # the process is gone: nothing will run for it anyway
-    ppid = parent_pid(pid) or exec_.ppid
-    path = exec_.path
-    try:
-        st = os.stat(path)
-        if (st.st_dev, st.st_ino) != (exec_.dev, exec_.ino):
-            path = exec_.realpath or path
-    except (OSError, ValueError):
-        path = exec_.realpath or path
-    return replace(exec_, pid=pid, ppid=ppid, cwd=cwd, path=path)
+        cwd = None  # the process is gone: nothing will run for it anyway
+    ppid = parent_pid(pid) or req.ppid
+    path = os.fsdecode(req.path)
+    if path != program.realpath:  # (the canonical path names the judged file either way)
+        try:
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) != (program.dev, program.ino):
+                path = program.realpath or path
+        except (OSError, ValueError):
+            path = program.realpath or path
+    return GatedExec.from_request(
+        req, program, interpreters, path=path, cwd=cwd, pid=pid, ppid=ppid
+    )
 
 
 def parent_pid(pid: int) -> int:

@@ -37,8 +37,13 @@ def signature(paths: Sequence[Path]) -> Signature:
         except OSError:
             result.append(None)
         else:
-            result.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+            result.append(stat_signature(st))
     return tuple(result)
+
+
+def stat_signature(st: os.stat_result) -> tuple[int, int, int, int]:
+    """One path's part of a :data:`Signature`."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @dataclass(frozen=True)
@@ -59,11 +64,14 @@ class PolicyReloader(Generic[T]):
         watch_paths: list[Path],
         *,
         interval: float = 1.0,
+        since: Signature | None = None,
     ) -> None:
+        """``since``: the signature the loaded policy stands for (default: the paths now);
+        a change after it is a reload."""
         self._load = load
         self._apply = apply
         self._paths = list(watch_paths)
-        self._current = signature(self._paths)
+        self._current = signature(self._paths) if since is None else since
         self._failed: Signature | None = None
         self._lock = asyncio.Lock()
         self.interval = interval

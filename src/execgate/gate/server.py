@@ -141,11 +141,11 @@ class GateServer:
             conn.close()
             return
         try:
-            data, fds = _recv_with_fds(conn, _FIRST_READ)
+            data, fds = _first_read(conn)
         except BlockingIOError:
             # Connected, not sent yet (we woke on connect): wait for the first bytes with a
-            # reader and a timer, cheaper than a task for what is the common case on a
-            # busy machine. It holds a place among the unfinished requests meanwhile.
+            # reader and a timer, cheaper than a task. It holds a place among the unfinished
+            # requests meanwhile.
             if not self._hold(conn, peer):
                 return
             timer = self._loop.call_later(SLOW_REQUEST_SECONDS, self._give_up, conn, peer)
@@ -303,6 +303,19 @@ class GateServer:
         finally:
             _close_all(fds)
             conn.close()
+
+
+def _first_read(conn: socket.socket) -> tuple[bytes, list[int]]:
+    """The first bytes of a request just accepted. The connect woke us, and the client, which
+    sends right after it, was often preempted by that very wake-up (it waits for this CPU):
+    when nothing is there yet, give it the CPU once and look again before falling back to a
+    reader (another turn of the event loop, two more wake-ups). BlockingIOError: still
+    nothing."""
+    try:
+        return _recv_with_fds(conn, _FIRST_READ)
+    except BlockingIOError:
+        os.sched_yield()
+    return _recv_with_fds(conn, _FIRST_READ)
 
 
 def _recv_with_fds(conn: socket.socket, size: int) -> tuple[bytes, list[int]]:

@@ -13,6 +13,7 @@ files.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import logging
@@ -21,17 +22,23 @@ import secrets
 import shutil
 import socket
 import tempfile
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from execgate import native, paths
-from execgate.decisionlog.recorder import DecisionLog, bounded_argv, permission_entry
+from execgate.decisionlog.recorder import (
+    FLUSH_DELAY,
+    DecisionLog,
+    bounded_argv,
+    permission_entry,
+)
 from execgate.errors import ExecgateError
-from execgate.files import make_private_dir, open_private, write_atomically
+from execgate.files import is_own_private_dir, make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
 from execgate.gate.cleanenv import cleaned_variables
 from execgate.gate.content import NO_CONTENTS, ContentIndex
@@ -44,6 +51,7 @@ from execgate.gate.escalation import (
     Verdict,
     no_one_to_ask,
 )
+from execgate.gate.gitrepo import sandbox_writable_repository
 from execgate.gate.identity import ExecFile, IdentityError, describe_path, inspect_descriptors
 from execgate.gate.launcher import LaunchedProcess, Launcher, LauncherError
 from execgate.gate.livepolicy import LivePolicy
@@ -91,11 +99,12 @@ class SessionDenied(ExecgateError):
         super().__init__(message, exit_status=126)
 
 
-def _log_escalation(exec_: GatedExec, action: Action, sandbox: str) -> None:
-    """One line of the escalations log: an escalation, or a run the server explained."""
+def _log_escalation(exec_: GatedExec, action: Action, sandbox: str, when: float) -> None:
+    """One line of the escalations log: an escalation, or a run the server explained
+    (``when``: the time of the decision)."""
     if action.verdict == Verdict.ESCALATE:
-        escalations.info(
-            "escalated %s (program %s, pid %d, cwd %s, sandbox %s)",
+        message = "escalated %s (program %s, pid %d, cwd %s, sandbox %s)"
+        args: tuple[object, ...] = (
             exec_.display(),
             exec_.realpath or exec_.path,
             exec_.pid,
@@ -103,7 +112,52 @@ def _log_escalation(exec_: GatedExec, action: Action, sandbox: str) -> None:
             sandbox,
         )
     else:
-        escalations.info("%s: %s", exec_.display(), action.reason)
+        message, args = "%s: %s", (exec_.display(), action.reason)
+    record = escalations.makeRecord(
+        escalations.name, logging.INFO, __file__, 0, message, args, None
+    )
+    record.created, record.msecs = when, int((when - int(when)) * 1000) + 0.0
+    escalations.handle(record)
+
+
+class _Unlogged:
+    """Decisions waiting for their line in the escalations log. Building and writing a line
+    costs more than judging the exec, so the lines are made in one batch shortly after the
+    answers went out (:data:`FLUSH_DELAY`, as the decision log's records), when a session
+    closes and at exit: an exec pays a list append, not a turn of the event loop."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[float, GatedExec, Action, str]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        atexit.register(self.flush)
+
+    def add(self, exec_: GatedExec, action: Action, sandbox: str) -> None:
+        self._items.append((time.time(), exec_, action, sandbox))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): now
+            self.flush()
+            return
+        if self._timer is not None and self._loop is loop:
+            return
+        if self._timer is not None:  # scheduled on a loop that is gone
+            self.flush()
+        self._timer, self._loop = loop.call_later(FLUSH_DELAY, self.flush), loop
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = self._loop = None
+        items, self._items = self._items, []
+        for when, exec_, action, sandbox in items:
+            _log_escalation(exec_, action, sandbox, when)
+        if items:
+            for handler in escalations.handlers:
+                handler.flush()
+
+
+_unlogged = _Unlogged()
 
 
 def log_escalations(path: Path | None = None) -> Path | None:
@@ -114,24 +168,90 @@ def log_escalations(path: Path | None = None) -> Path | None:
         return path
     try:
         make_private_dir(path.parent)
-        os.close(open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT))  # created 0600
-        handler = logging.FileHandler(path, encoding="utf-8")
+        handler = BatchedLines(path)  # created 0600
     except OSError as exc:
         log.warning("cannot log escalations to %s: %s", path, exc.strerror)
         return None
-    handler.setFormatter(VisibleFormatter("%(asctime)s %(message)s"))
+    handler.setFormatter(_StampedFormatter("%(asctime)s %(message)s"))
     escalations.addHandler(handler)
     escalations.setLevel(logging.INFO)
     return path
 
 
+class BatchedLines(logging.Handler):
+    """Appends log lines to a file in one ``write`` per batch, shortly after they were logged
+    (:data:`FLUSH_DELAY`, as the decision log), and at exit: a line per escalated exec would
+    cost each exec a write. Whole lines only, on an ``O_APPEND`` descriptor, so several
+    processes can share the file."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.baseFilename = str(path)
+        self._fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._lines: list[str] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._lines.append(self.format(record) + "\n")
+        except Exception:
+            self.handleError(record)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (another thread, a synchronous caller): now
+            self.flush()
+            return
+        if self._timer is not None and self._timer_loop is loop:
+            return
+        if self._timer is not None:  # scheduled on a loop that is gone
+            self.flush()
+        self._timer, self._timer_loop = loop.call_later(FLUSH_DELAY, self.flush), loop
+
+    def flush(self) -> None:
+        with self.lock or contextlib.nullcontext():
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = self._timer_loop = None
+            lines, self._lines = self._lines, []
+            if not lines or self._fd < 0:
+                return
+            view = memoryview("".join(lines).encode("utf-8", "backslashreplace"))
+            try:
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except OSError as exc:
+                log.warning("cannot write %s: %s", self.baseFilename, exc.strerror)
+
+    def close(self) -> None:
+        self.flush()
+        with self.lock or contextlib.nullcontext():
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+        super().close()
+
+
+class _StampedFormatter(VisibleFormatter):
+    """``asctime`` as :class:`logging.Formatter` writes it, the date and time formatted once
+    per second (a line per escalated exec)."""
+
+    _second = -1
+    _stamp = ""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        second = int(record.created)
+        if second != self._second:
+            self._stamp = time.strftime(self.default_time_format, self.converter(record.created))
+            self._second = second
+        return f"{self._stamp},{int(record.msecs):03d}"  # (default_msec_format)
+
+
 def _session_dir_candidates() -> list[Path]:
-    candidates = []
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        candidates.append(Path(runtime))
-    candidates += [Path("/dev/shm"), paths.execgate_home() / "run", Path("/tmp")]
-    return candidates
+    # Last, where every sandbox of the user cannot keep them read-only: only when none of the
+    # session folders can be used (execgate run inside another execgate's sandbox).
+    return [*paths.session_folders(), Path("/dev/shm"), Path("/tmp")]
 
 
 _swept = False
@@ -158,6 +278,8 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
     for base in sorted(candidates, key=writable):  # stable: outside-the-sandbox ones first
         try:
             make_private_dir(base)
+            if not is_own_private_dir(base):  # made by another user first: not ours to use
+                continue
             path = Path(tempfile.mkdtemp(prefix=f"execgate-{os.getuid()}-", dir=base))
             (path / _OWNER).write_text(_owner_of(os.getpid()) + "\n")
         except OSError:
@@ -166,8 +288,7 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
             return path
         shutil.rmtree(path, ignore_errors=True)
     raise ExecgateError(
-        "found no folder for the session socket (tried $XDG_RUNTIME_DIR, /dev/shm, "
-        "$EXECGATE_HOME/run, /tmp)"
+        "found no folder for the session socket (tried " + ", ".join(map(str, candidates)) + ")"
     )
 
 
@@ -211,6 +332,23 @@ def remove_stale_session_dirs(bases: Sequence[Path]) -> list[Path]:
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(Path(entry.path))
     return removed
+
+
+def _in_place_from_writable_repository(exec_: GatedExec, action: Action, confined: bool) -> Action:
+    """An escalation out of a sandbox that can write the git repository it would start in
+    runs in place instead: an escalated program (git, or whatever runs git) would run that
+    repository's hooks and config outside (gate/gitrepo.py)."""
+    if not confined or action.verdict != Verdict.ESCALATE:
+        return action
+    dot_git = sandbox_writable_repository(exec_.pid, exec_.cwd)
+    if dot_git is None:
+        return action
+    return replace(
+        action,
+        verdict=Verdict.RUN,
+        reason=f"not escalated: it would start in the git repository {dot_git}, which the "
+        "sandbox can write (its hooks and config would run outside the sandbox)",
+    )
 
 
 @dataclass(frozen=True)
@@ -286,6 +424,9 @@ class EscalationSession:
         # Set once, before anything of the session runs (None: a reserve's spare, see attach).
         self._caller = caller
         self._closing = False
+        # set once aclose() is done (SessionReserve waits for it); asyncio's, as `execgate run`
+        # does not import anyio
+        self.closed = asyncio.Event()
         self._asking: set[anyio.CancelScope] = set()
         self._asks = 0
         self.verdicts: Counter[Verdict] = Counter()  # decisions so far (a summary's counts)
@@ -528,7 +669,9 @@ class EscalationSession:
         stdio: Mapping[int, int],
         pgid: int = -1,
     ) -> LaunchedProcess:
-        """Gate and start the session's own command (as if the session exec'd it)."""
+        """Gate and start the session's own command (as if the session exec'd it). The session
+        ends with it: once it and everything it left have exited, the launcher exits by itself,
+        and nothing more can be spawned (front ends close the session then)."""
         program = resolve_command(argv[0], cwd=cwd, path=env.get("PATH", os.defpath))
         exec_ = describe_exec(
             program, argv, cwd=cwd, via="session", contents=self.live.current_contents()
@@ -558,6 +701,7 @@ class EscalationSession:
             sandboxed=self.confined and not escalate,
             pgid=pgid,
             main=True,
+            last=True,
         )
 
     # -- exec requests (RequestHandler) ---------------------------------------------------
@@ -620,7 +764,7 @@ class EscalationSession:
             log.info("gate: refused a request from pid %d: %s", peer.pid, exc)
             self._record(exec_, Action(Verdict.DENY, str(exc)), closed=True)
             return protocol.encode_deny(self.denial(exec_, str(exc)))
-        exec_ = vouched(GatedExec.from_request(request, program, interpreters), peer.pid)
+        exec_ = vouched(request, program, interpreters, peer.pid)
         if self.live.fail_closed_reason:
             action = Action(Verdict.DENY, self.live.fail_closed_reason)
         else:
@@ -630,6 +774,7 @@ class EscalationSession:
             return self._ask_then_answer(
                 exec_, request, fds[-1], action.approval, confined, standin=standin
             )
+        action = _in_place_from_writable_repository(exec_, action, confined)
         self._record(exec_, action)
         return self._encode(exec_, request, fds[-1], action, standin=standin)
 
@@ -671,19 +816,13 @@ class EscalationSession:
         *,
         closed: bool = False,
     ) -> None:
-        """Log a decision: the escalations log at once, the decision log after the answer
+        """Log a decision: the escalations log and the decision log, both after the answer
         (``closed``: refused without judging, or with the policy failed closed)."""
         self.verdicts[action.verdict] += 1
         if escalations.isEnabledFor(logging.INFO) and (
             action.verdict == Verdict.ESCALATE or (action.verdict == Verdict.RUN and action.reason)
         ):
-            # Formatting and writing the line cost more than judging the exec: do it after the
-            # answer has gone out (the next turn of the event loop).
-            sandbox_text = self.sandbox_text
-            try:
-                asyncio.get_running_loop().call_soon(_log_escalation, exec_, action, sandbox_text)
-            except RuntimeError:  # no loop (a synchronous caller): now
-                _log_escalation(exec_, action, sandbox_text)
+            _unlogged.add(exec_, action, self.sandbox_text)
         if self.decisions is not None:
             closed = closed or (action.judgement is None and bool(self.live.fail_closed_reason))
             call, sandbox = self.call, self.sandbox_text
@@ -702,6 +841,7 @@ class EscalationSession:
         standin: bool,
     ) -> bytes:
         action, answer_given = await self._ask(approval, confined=confined)
+        action = _in_place_from_writable_repository(exec_, action, confined)
         self._record(exec_, action, (approval, answer_given))
         answer = self._encode(exec_, request, runs, action, standin=standin)
         return answer if isinstance(answer, bytes) else await answer
@@ -805,11 +945,13 @@ class EscalationSession:
         if self._proxy is not None:  # its listeners' namespaces are gone: nothing is left
             await asyncio.get_running_loop().run_in_executor(None, self._proxy.stop)
             self._proxy = None
+        _unlogged.flush()
         if self.decisions is not None:
             self.decisions.flush()  # the log is the front end's; its records are written now
         if self.sealed_snapshot is not None:
             self.sealed_snapshot.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        self.closed.set()
 
 
 def _close_all(fds: Sequence[int]) -> None:
@@ -935,7 +1077,11 @@ class SessionReserve:
 
     Sessions are interchangeable only when opened with the same :class:`SessionConfig` key;
     :meth:`take` hands out the spare when it matches and opens the next one in the background
-    (in :meth:`run`'s task group). Spares have no caller: :meth:`take` attaches the taker's.
+    (in :meth:`running`'s task group) once the session it handed out has closed, or has run
+    for :data:`REFILL_AFTER` seconds: opening one costs milliseconds of this process's CPU (on
+    the event loop) and of the machine's, which must not delay the call's own shell, its exit
+    report or its answer. A caller arriving before that takes the spare at once. Spares have
+    no caller: :meth:`take` attaches the taker's.
     """
 
     def __init__(self) -> None:
@@ -973,9 +1119,17 @@ class SessionReserve:
         else:
             session.attach(caller)
         if self._tasks is not None:
-            self._spare = _Opening(config)
+            self._spare = _Opening(config, after=session.closed)
             self._start(self._spare.run)
         return session
+
+    def prime(self, config: SessionConfig) -> None:
+        """Open a spare for ``config`` now, while nobody waits (a front end that can tell what
+        its first caller will ask for: the first call need not wait for a launcher)."""
+        if self._spare is None and self._tasks is not None:
+            self._key = config.key
+            self._spare = _Opening(config)
+            self._start(self._spare.run)
 
     def _start(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         if self._tasks is not None:
@@ -987,19 +1141,40 @@ class SessionReserve:
             await spare.close()
 
 
-class _Opening:
-    """A session being opened in the background: its result (None if opening failed)."""
+#: How long a spare waits for the session handed out before it to close (a long call gets
+#: the next spare while it still runs).
+REFILL_AFTER = 0.25
+#: How long after that close it waits before opening (the call's answer goes out first).
+REFILL_PAUSE = 0.002
 
-    def __init__(self, config: SessionConfig) -> None:
+
+class _Opening:
+    """A session being opened in the background: its result (None if opening failed).
+    ``after``: open it once this is set (or :data:`REFILL_AFTER` has passed, or someone wants
+    the result)."""
+
+    def __init__(self, config: SessionConfig, after: asyncio.Event | None = None) -> None:
         import anyio
 
         self.config = config
+        self._after = after
+        self._waiting = anyio.CancelScope(deadline=anyio.current_time() + REFILL_AFTER)
         self._done = anyio.Event()
         self._session: EscalationSession | None = None
         self._closed = False
 
     async def run(self) -> None:
+        import anyio
+
         try:
+            if self._after is not None:
+                with self._waiting:
+                    await self._after.wait()
+                    # The call that just ended publishes its outcome, and the front end sends
+                    # its answer, first (a few turns of the loop; the next call comes later).
+                    await anyio.sleep(REFILL_PAUSE)
+            if self._closed:  # given up before it was opened
+                return
             session = await EscalationSession.open(self.config)
         except Exception:
             log.debug("could not open a spare session", exc_info=True)
@@ -1012,6 +1187,7 @@ class _Opening:
             self._done.set()
 
     async def result(self) -> EscalationSession | None:
+        self._waiting.cancel()  # needed now
         await self._done.wait()
         return self._session
 

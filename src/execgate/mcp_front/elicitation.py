@@ -29,9 +29,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
-
-import mcp_types as types
+from typing import Any, Final, NamedTuple, Protocol
 
 from execgate.gate.askers import describe
 from execgate.gate.escalation import (
@@ -205,12 +203,38 @@ def question_schema(question: Question) -> dict[str, Any]:
     return form_schema(question.request.offer_always, question.call.reason_field)
 
 
-def elicit_request(question: Question) -> types.ElicitRequest:
-    return types.ElicitRequest(
-        params=types.ElicitRequestFormParams(
-            message=form_message(question), requested_schema=question_schema(question)
-        )
-    )
+ELICIT_METHOD: Final = "elicitation/create"
+_ACTIONS: Final = ("accept", "decline", "cancel")
+
+
+class ElicitResult(NamedTuple):
+    """The client's answer to a form: ``accept`` (with ``content``), ``decline`` or ``cancel``."""
+
+    action: str
+    content: dict[str, Any] | None = None
+
+
+def elicit_result(raw: object) -> ElicitResult:
+    """The answer in an ``elicitation/create`` result (ValueError: it is not one)."""
+    if not isinstance(raw, dict) or raw.get("action") not in _ACTIONS:
+        raise ValueError("not an elicitation result (action: accept, decline or cancel)")
+    content = raw.get("content")
+    if content is not None and not isinstance(content, dict):
+        raise ValueError("an elicitation result's content must be an object")
+    return ElicitResult(raw["action"], content)
+
+
+def form_params(message: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """The params of an ``elicitation/create`` form request."""
+    return {"mode": "form", "message": message, "requestedSchema": schema}
+
+
+def elicit_request(question: Question) -> dict[str, Any]:
+    """The question as an input request of a 2026-07-28 ``input_required`` result."""
+    return {
+        "method": ELICIT_METHOD,
+        "params": form_params(form_message(question), question_schema(question)),
+    }
 
 
 def _with_reason(base: str, reason: str | None) -> str:
@@ -218,7 +242,7 @@ def _with_reason(base: str, reason: str | None) -> str:
 
 
 def approval_from_elicitation(
-    result: types.ElicitResult, request: ApprovalRequest, call: CallInfo | None = None
+    result: ElicitResult, request: ApprovalRequest, call: CallInfo | None = None
 ) -> Approval:
     """The answer in an ``ElicitResult``: a human's, unless ``call`` says its client answers by
     itself. ``accept`` without a decision (a client that shows only accept/decline) means
@@ -253,7 +277,7 @@ def approval_from_elicitation(
 
 
 def _unattended_answer(
-    result: types.ElicitResult,
+    result: ElicitResult,
     content: dict[str, Any],
     request: ApprovalRequest,
     unattended: str,
@@ -278,7 +302,7 @@ def _unattended_answer(
 # -- routes -----------------------------------------------------------------------------------
 
 #: Sends ``elicitation/create`` (message, requested schema) and returns the client's answer.
-Elicit = Callable[[str, dict[str, Any]], Awaitable[types.ElicitResult]]
+Elicit = Callable[[str, dict[str, Any]], Awaitable[ElicitResult]]
 
 
 class MidCallElicitation:
@@ -345,12 +369,13 @@ class InputRequests:
             question = self._questions.get(key)
             if question is None:
                 log.info("ignoring an answer to unknown or settled approval %s", key)
-            elif isinstance(response, types.ElicitResult):
-                question.settle(
-                    approval_from_elicitation(response, question.request, question.call)
-                )
             else:
-                log.warning("approval %s: the client answered with a %s", key, type(response))
+                try:
+                    answer = elicit_result(response)
+                except ValueError as exc:
+                    log.warning("approval %s: the client's answer is not usable: %s", key, exc)
+                    continue
+                question.settle(approval_from_elicitation(answer, question.request, question.call))
 
     def unanswered_why(self, question: Question, timeout: float) -> str:
         return f"the MCP client did not come back with an answer within {timeout:g} s"

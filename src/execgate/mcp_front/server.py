@@ -1,8 +1,9 @@
 """``execgate mcp``: the MCP server and its ``shell`` tool (stdio transport).
 
-Built on the SDK's low-level :class:`mcp.server.lowlevel.Server`, which lets us publish Codex's
-exact tool schema plus an output schema, answer Codex's ``codex/sandbox-state/update`` request
-and advertise its experimental capability. Per connection (one per process with stdio):
+Speaks MCP's JSON-RPC itself (:mod:`.wire`, :mod:`.protocol`, :mod:`.rpc`; no SDK in the
+server process: importing it takes longer than a whole start-up may), publishes Codex's exact
+tool schema plus an output schema, answers Codex's ``codex/sandbox-state/update`` request and
+advertises its experimental capability. Per connection (one per process with stdio):
 
 * one :class:`~execgate.gate.escalation.PolicyEscalation`, so "allow for this session" answers
   last for the connection;
@@ -22,20 +23,13 @@ import os
 import secrets
 import signal
 import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
-import mcp_types as types
-from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
-from mcp.shared.exceptions import MCPError
-from mcp_types.jsonrpc import INVALID_PARAMS
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import ConfigDict
 
 from execgate import __version__
 from execgate.config import Config
@@ -52,7 +46,7 @@ from execgate.gate.escalation import (
 )
 from execgate.gate.livepolicy import GatePolicy, PolicySource
 from execgate.gate.network import NetworkSettings, default_for
-from execgate.gate.reload import Loaded, PolicyReloader
+from execgate.gate.reload import Loaded, PolicyReloader, Signature, signature, stat_signature
 from execgate.gate.session import (
     SessionConfig,
     SessionReserve,
@@ -64,16 +58,32 @@ from execgate.mcp_front import permissions, unified_tool
 from execgate.mcp_front.calls import CallSetup, ProgressPump, ShellCall
 from execgate.mcp_front.control import ControlServer
 from execgate.mcp_front.elicitation import (
+    ELICIT_METHOD,
     ApprovalRegistry,
     CallAsker,
     CallInfo,
+    ElicitResult,
     InputRequests,
     MidCallElicitation,
     NoElicitation,
     QuestionRoute,
     elicit_request,
+    elicit_result,
+    form_params,
 )
-from execgate.mcp_front.malformed import AnsweringMalformed
+from execgate.mcp_front.opening import Opening, Stdio
+from execgate.mcp_front.protocol import (
+    LATEST_HANDSHAKE,
+    SANDBOX_STATE_METHOD,
+    Client,
+    discover_result,
+    envelope,
+    handshake,
+    has_envelope,
+    modern_result,
+    unsupported_version,
+)
+from execgate.mcp_front.rpc import Connection, Work
 from execgate.mcp_front.tool import (
     TOOL_NAME,
     ShellOutcome,
@@ -84,6 +94,16 @@ from execgate.mcp_front.tool import (
     tool_result,
 )
 from execgate.mcp_front.unified import ProcessStore, UnifiedError, UnifiedProcess
+from execgate.mcp_front.wire import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    UNSUPPORTED_PROTOCOL_VERSION,
+    Notification,
+    Request,
+    RequestId,
+    RpcError,
+)
 from execgate.policy import Decision, LoadedPolicy
 from execgate.sandbox import SandboxSpec
 from execgate.sandbox.codex import CodexPolicyError
@@ -92,21 +112,29 @@ from execgate.visible import visible
 
 log = logging.getLogger("execgate.mcp")
 
-SERVER_NAME = "execgate"
-INSTRUCTIONS = (
-    "This server provides a tool to execute shell commands and return their output. "
-    "Every program a command starts is checked against the user's execgate policy first: "
-    "a denied program fails with an `execgate: denied: ...` line in the output that says why, "
-    "and some programs wait for a human's approval."
-)
-SANDBOX_STATE_METHOD = "codex/sandbox-state/update"
-SANDBOX_STATE_CAPABILITY = {"codex/sandbox-state": {"version": "1.0.0"}}
 #: Where a call's ``_meta`` carries Codex's sandbox state (0.169 sends both, the same object).
 SANDBOX_STATE_KEYS = ("codex/sandbox-state", "codex/sandbox-state-meta")
 CONFIGURED = "the server's configuration"
 CODEX_TURN_META = "x-codex-turn-metadata"
 
-Context = ServerRequestContext[Any, Any]
+
+@dataclass(frozen=True)
+class Context:
+    """One request from the client, as its handler sees it."""
+
+    request_id: RequestId
+    params: dict[str, Any]
+    meta: dict[str, Any]  # params._meta
+    client: Client
+    peer: Connection
+
+    @property
+    def modern(self) -> bool:
+        return self.client.modern
+
+    async def elicit(self, message: str, schema: dict[str, Any]) -> ElicitResult:
+        """Put a form to the client's human (``elicitation/create``)."""
+        return elicit_result(await self.peer.request(ELICIT_METHOD, form_params(message, schema)))
 
 
 @dataclass
@@ -139,39 +167,59 @@ class McpOptions:
 class PolicyState:
     """The gate policy of this server and its reloader."""
 
-    def __init__(self, options: McpOptions) -> None:
-        self.source = PolicySource(tuple(options.rules or ()), options.cwd, options.config)
-        first = self._load()  # PolicyError (one line, file:line:col) stops start-up
+    def __init__(
+        self,
+        options: McpOptions,
+        source: PolicySource,
+        first: LoadedPolicy,
+        seen: Mapping[str, os.stat_result | None] | None = None,
+    ) -> None:
+        """``first``: the policy ``source`` loaded at start (a PolicyError, one line naming
+        file:line:col, stopped the start before); ``seen``: rules files (absolute paths) as
+        they were when the client was first answered, before ``first`` was loaded: a change
+        since then is a reload, as any later one."""
+        self.source = source
+        self._report(first)
         self.gate = GatePolicy(
-            first.value,
+            first,
             search_path=os.environ.get("PATH", os.defpath),
             ask_always=options.audit is not None,
             on_prompt_deny=options.on_prompt_deny,
             skills=skill_scripts(options.config),
         )
         self.reloader = PolicyReloader(
-            self._load, self._apply, first.watch_paths, interval=options.reload_interval
+            self._load,
+            self._apply,
+            first.watch_paths,
+            interval=options.reload_interval,
+            since=_as_seen(first.watch_paths, seen or {}),
         )
 
-    def _load(self) -> Loaded[LoadedPolicy]:
-        load = self.source.load()
+    @staticmethod
+    def _report(load: LoadedPolicy) -> None:
         for warning in load.warnings:
             log.warning("%s", warning)
         if load.fail_closed_reason:
             log.warning("%s", load.fail_closed_reason)
+
+    def _load(self) -> Loaded[LoadedPolicy]:
+        load = self.source.load()
+        self._report(load)
         return Loaded(load, load.watch_paths)
 
     def _apply(self, loaded: Loaded[LoadedPolicy]) -> None:
         self.gate.apply(loaded.value)
 
 
+def _as_seen(paths: Sequence[Path], seen: Mapping[str, os.stat_result | None]) -> Signature:
+    now = signature(paths)
+    return tuple(
+        (stat_signature(st) if (st := seen[key]) is not None else None) if key in seen else sig
+        for key, sig in zip((os.path.abspath(p) for p in paths), now, strict=True)
+    )
+
+
 # -- the server ----------------------------------------------------------------------------------
-
-
-class _RawParams(types.RequestParams):
-    """Params kept as sent (Codex's custom request is validated by hand, with Codex's errors)."""
-
-    model_config = ConfigDict(extra="allow")
 
 
 @dataclass
@@ -187,18 +235,20 @@ def _answer_source(by: str) -> str:
     return "approvals" if by.startswith("execgate approvals") else "elicitation"
 
 
-def _can_elicit(capabilities: types.ClientCapabilities | None) -> bool:
-    elicitation = capabilities.elicitation if capabilities is not None else None
-    if elicitation is None:
-        return False
-    # An empty `elicitation: {}` means form mode (2025-06-18 clients); URL-only cannot show forms.
-    return elicitation.form is not None or elicitation.url is None
+class _Described:
+    """A call's sandbox in a log line, described only if the line is written (-q: never)."""
+
+    __slots__ = ("spec",)
+
+    def __init__(self, spec: SandboxSpec | None) -> None:
+        self.spec = spec
+
+    def __str__(self) -> str:
+        return self.spec.describe() if self.spec is not None else "off"
 
 
 def _is_codex(ctx: Context) -> bool:
-    params = ctx.session.client_params
-    name = params.client_info.name if params is not None else ""
-    return name.lower().startswith("codex")
+    return ctx.client.name.lower().startswith("codex")
 
 
 def _unattended(meta: object) -> str | None:
@@ -217,9 +267,38 @@ def _unattended(meta: object) -> str | None:
     return None
 
 
+Handle = Callable[[Context], Awaitable[dict[str, Any]]]
+#: Requests answered from the server's own description, in the read loop.
+_SIMPLE = frozenset({"ping", "tools/list", "server/discover"})
+
+
+def _check_params(method: str, params: dict[str, Any]) -> None:
+    """The shape of the spec methods' params (the tools' arguments are the tools' business)."""
+    ok = True
+    if method == "tools/call":
+        ok = (
+            isinstance(params.get("name"), str)
+            and isinstance(params.get("arguments"), dict | None)
+            and isinstance(params.get("inputResponses"), dict | None)
+            and isinstance(params.get("requestState"), str | None)
+        )
+    elif method == "tools/list":
+        ok = isinstance(params.get("cursor"), str | None)
+    if not ok:
+        raise RpcError(INVALID_PARAMS, "Invalid request parameters", "")
+
+
 class McpFrontEnd:
-    def __init__(self, options: McpOptions, state: PolicyState) -> None:
+    """The MCP side of the server: what each request means (:meth:`accept`), the tool calls."""
+
+    def __init__(
+        self, options: McpOptions, state: PolicyState, peer: Connection, opening: Opening
+    ) -> None:
         self.options = options
+        self.peer = peer
+        #: The protocol era and (handshake) the client ``initialize`` described.
+        self.era: str | None = opening.era
+        self.client: Client | None = opening.client
         self.state = state
         self.registry = ApprovalRegistry(options.approval_timeout)
         self.control = ControlServer(self.registry, self._info, self._revoke)
@@ -235,14 +314,10 @@ class McpFrontEnd:
         self.abandon_after = 2 * options.approval_timeout
         self._started = time.time()
         self._tasks: anyio.abc.TaskGroup | None = None  # calls and timers; serve_stdio's
-        self.server: Server[Any] = Server(
-            SERVER_NAME,
-            version=__version__,
-            instructions=INSTRUCTIONS,
-            on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
-        )
-        self.server.add_request_handler(SANDBOX_STATE_METHOD, _RawParams, self._sandbox_state)
+        self._handlers: dict[str, Handle] = {
+            "tools/call": self._call_tool,
+            SANDBOX_STATE_METHOD: self._sandbox_state,
+        }
         # Each call opens a session; one is kept open ahead of the next call.
         self.sessions = SessionReserve()
         # One object for every call (the reserve hands out sessions opened with equal ones).
@@ -278,27 +353,86 @@ class McpFrontEnd:
 
     async def serve_stdio(self) -> None:
         await self.control.start()
-        try:
-            async with self.sessions.running(), anyio.create_task_group() as tasks:
-                self._tasks = tasks
-                tasks.start_soon(self.state.reloader.run)
-                try:
-                    async with stdio_server() as (read_stream, write_stream):
-                        await self.server.run(
-                            AnsweringMalformed(read_stream, write_stream),
-                            write_stream,
-                            self.server.create_initialization_options(
-                                experimental_capabilities=SANDBOX_STATE_CAPABILITY
-                            ),
-                        )
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await self.aclose()
-                    tasks.cancel_scope.cancel()
-        except* (BrokenPipeError, ConnectionResetError):
-            # The client went away while we still had something to say (an elicitation, a
-            # result): the end of the connection, not an error.
-            log.info("the MCP client is gone")
+        async with self.sessions.running(), anyio.create_task_group() as tasks:
+            self._tasks = tasks
+            # The first call's session opens while the client is still starting up.
+            self.sessions.prime(self._session_config(self.options.sandbox))
+            tasks.start_soon(self.state.reloader.run)
+            try:
+                await self.peer.run(self)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self.aclose()
+                tasks.cancel_scope.cancel()
+        log.info("the MCP client is gone")
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def accept(self, request: Request) -> dict[str, Any] | Work:
+        """Settle what ``request`` is (in the order the client sent it): its answer now, or the
+        work that answers it. The first request decides the protocol era (see
+        :mod:`.protocol`); a request of the other era is refused."""
+        method, params = request.method, request.params or {}
+        if self.era is None:
+            modern = method != "initialize" and has_envelope(params)
+            self.era = "modern" if modern else "handshake"
+        if self.era == "modern":
+            if method == "initialize":
+                raise RpcError(
+                    UNSUPPORTED_PROTOCOL_VERSION,
+                    "connection is serving the 2026-07-28 protocol; the initialize handshake "
+                    "is not accepted",
+                    unsupported_version(params.get("protocolVersion")).data,
+                )
+            client = envelope(params)
+        elif method == "initialize":
+            self.client, result = handshake(params)
+            return result
+        elif has_envelope(params):
+            raise RpcError(
+                INVALID_REQUEST,
+                "this connection serves the handshake protocol era; requests carrying the "
+                "2026-07-28 envelope are not accepted on it",
+            )
+        elif method not in self._handlers and method not in _SIMPLE:
+            raise RpcError(METHOD_NOT_FOUND, "Method not found", method)
+        elif self.client is not None:
+            client = self.client
+        elif method == "ping":
+            client = Client(LATEST_HANDSHAKE, "", {})
+        else:  # before `initialize`
+            raise RpcError(INVALID_PARAMS, "Invalid request parameters", "")
+        _check_params(method, params)
+        if method in _SIMPLE:
+            result = self._simple(method, client)
+            return modern_result(method, result) if client.modern else result
+        handle = self._handlers.get(method)
+        if handle is None:
+            raise RpcError(METHOD_NOT_FOUND, "Method not found", method)
+        meta = params.get("_meta")
+        ctx = Context(request.id, params, meta if isinstance(meta, dict) else {}, client, self.peer)
+        if client.modern:
+            return lambda: self._modern(method, handle, ctx)
+        return lambda: handle(ctx)
+
+    @staticmethod
+    async def _modern(method: str, handle: Handle, ctx: Context) -> dict[str, Any]:
+        return modern_result(method, await handle(ctx))
+
+    def notified(self, notification: Notification) -> None:
+        pass  # notifications/cancelled is the connection's; initialized needs nothing
+
+    def _simple(self, method: str, client: Client) -> dict[str, Any]:
+        """The answers that need nothing but the server's own description."""
+        if method == "tools/list":
+            extra = permissions.SCHEMA_PROPERTIES
+            offered = [tool_definition(extra), *unified_tool.tool_definitions(extra)]
+            return {"tools": [t for t in offered if t["name"] in self.options.tools]}
+        if method == "server/discover" and client.modern:
+            return discover_result()
+        if method == "ping":
+            return {}
+        raise RpcError(METHOD_NOT_FOUND, "Method not found", method)
 
     async def aclose(self) -> None:
         """Stop every call (killing what they started) and close the control socket."""
@@ -320,31 +454,20 @@ class McpFrontEnd:
 
     # -- handlers ---------------------------------------------------------------------------
 
-    async def _list_tools(
-        self, ctx: Context, params: types.PaginatedRequestParams | None
-    ) -> types.ListToolsResult:
-        extra = permissions.SCHEMA_PROPERTIES
-        offered = [tool_definition(extra), *unified_tool.tool_definitions(extra)]
-        return types.ListToolsResult(tools=[t for t in offered if t.name in self.options.tools])
-
-    async def _sandbox_state(self, ctx: Context, params: _RawParams) -> dict[str, Any]:
-        raw = dict(params.model_extra or {})
+    async def _sandbox_state(self, ctx: Context) -> dict[str, Any]:
+        raw = {k: v for k, v in ctx.params.items() if k != "_meta"}
         if not raw:
-            raise MCPError(code=INVALID_PARAMS, message="missing params for sandbox state request")
+            raise RpcError(INVALID_PARAMS, "missing params for sandbox state request")
         policy, cwd = raw.get("sandboxPolicy"), raw.get("sandboxCwd")
         if "permissionProfile" not in raw and (
             not isinstance(policy, dict) or not isinstance(cwd, str)
         ):
-            raise MCPError(
-                code=INVALID_PARAMS, message="failed to deserialize sandbox state", data=raw
-            )
+            raise RpcError(INVALID_PARAMS, "failed to deserialize sandbox state", raw)
         try:
             spec, field_name = self._client_spec(raw)
         except CodexPolicyError as exc:
             log.warning("rejected sandbox state from the client: %s", exc)
-            raise MCPError(
-                code=INVALID_PARAMS, message="failed to deserialize sandbox state", data=raw
-            ) from None
+            raise RpcError(INVALID_PARAMS, "failed to deserialize sandbox state", raw) from None
         except ExecgateError as exc:  # e.g. sandboxCwd missing: kept, calls will say so
             log.warning("sandbox state from the client cannot be used yet: %s", exc)
         else:
@@ -352,18 +475,19 @@ class McpFrontEnd:
         self.codex_sandbox = raw
         return {}
 
-    async def _call_tool(
-        self, ctx: Context, params: types.CallToolRequestParams
-    ) -> types.CallToolResult | types.InputRequiredResult:
-        if params.name not in self.options.tools:
-            raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name}")
-        if params.name == unified_tool.EXEC_TOOL:
-            return await self._exec_command(ctx, params)
-        if params.name == unified_tool.WRITE_TOOL:
-            return await self._write_stdin(ctx, params)
-        assert params.name == TOOL_NAME
-        if params.request_state is not None:
-            call = self._resume(params.request_state)
+    async def _call_tool(self, ctx: Context) -> dict[str, Any]:
+        name: str = ctx.params["name"]
+        arguments: dict[str, Any] | None = ctx.params.get("arguments")
+        if name not in self.options.tools:
+            raise RpcError(INVALID_PARAMS, f"Unknown tool: {name}")
+        if name == unified_tool.EXEC_TOOL:
+            return await self._exec_command(ctx, arguments)
+        if name == unified_tool.WRITE_TOOL:
+            return await self._write_stdin(ctx, arguments)
+        assert name == TOOL_NAME
+        request_state: str | None = ctx.params.get("requestState")
+        if request_state is not None:
+            call = self._resume(request_state)
             if call is None:
                 return error_result(
                     "shell: this approval request is no longer pending (it was answered "
@@ -371,11 +495,11 @@ class McpFrontEnd:
                     "the command was stopped); run the command again"
                 )
             if call.inputs is not None:
-                call.inputs.answer(dict(params.input_responses or {}))
+                call.inputs.answer(ctx.params.get("inputResponses"))
             return await self._drive(ctx, call)
         await self.state.reloader.check()
         try:
-            args = parse_arguments(params.arguments, default_login=self.options.default_login)
+            args = parse_arguments(arguments, default_login=self.options.default_login)
         except ToolArgumentError as exc:
             return error_result(f"shell: {exc}")
         try:
@@ -388,7 +512,9 @@ class McpFrontEnd:
         started = time.monotonic()
         argv = [self.options.shell, "-lc" if args.login else "-c", args.command]
         try:
-            allowed, denial = await self._permitted(ctx, params, argv, args.workdir, sandbox)
+            allowed, denial = await self._permitted(
+                ctx, name, arguments, argv, args.workdir, sandbox
+            )
         except ToolArgumentError as exc:
             return error_result(f"shell: {exc}")
         except ExecgateError as exc:
@@ -425,7 +551,7 @@ class McpFrontEnd:
             args.timeout_ms,
             "login shell" if args.login else "non-login shell",
             sandbox_source,
-            allowed.describe() if allowed else "off",
+            _Described(allowed),
         )
         self.calls.add(call)
         call.start(self.tasks, asker)
@@ -433,14 +559,12 @@ class McpFrontEnd:
 
     # -- unified exec ------------------------------------------------------------------------
 
-    async def _exec_command(
-        self, ctx: Context, params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    async def _exec_command(self, ctx: Context, arguments: dict[str, Any] | None) -> dict[str, Any]:
         name = unified_tool.EXEC_TOOL
         await self.state.reloader.check()
         try:
             args = unified_tool.parse_exec_arguments(
-                params.arguments,
+                arguments,
                 default_workdir=str(self.options.cwd),
                 default_shell=self.options.shell,
             )
@@ -454,7 +578,9 @@ class McpFrontEnd:
             return error_result(f"{name}: cannot set up the sandbox: {exc}")
         started = time.monotonic()
         try:
-            allowed, denial = await self._permitted(ctx, params, args.argv, args.workdir, sandbox)
+            allowed, denial = await self._permitted(
+                ctx, name, arguments, args.argv, args.workdir, sandbox
+            )
             await self.processes.make_room()
         except (ToolArgumentError, UnifiedError) as exc:
             return error_result(f"{name}: {exc}")
@@ -493,18 +619,16 @@ class McpFrontEnd:
             "tty" if args.tty else "pipes",
             args.yield_ms,
             sandbox_source,
-            allowed.describe() if allowed else "off",
+            _Described(allowed),
         )
         self.processes.add(process)
         process.start(self.tasks, asker)
         return await self._interact(name, process, "", args.yield_ms, args.max_output_tokens)
 
-    async def _write_stdin(
-        self, ctx: Context, params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    async def _write_stdin(self, ctx: Context, arguments: dict[str, Any] | None) -> dict[str, Any]:
         name = unified_tool.WRITE_TOOL
         try:
-            args = unified_tool.parse_write_arguments(params.arguments)
+            args = unified_tool.parse_write_arguments(arguments)
             process = self.processes.get(args.session_id)
         except (ToolArgumentError, UnifiedError) as exc:
             return error_result(f"{name}: {exc}")
@@ -515,7 +639,7 @@ class McpFrontEnd:
 
     async def _interact(
         self, name: str, process: UnifiedProcess, chars: str, yield_ms: int, max_tokens: int
-    ) -> types.CallToolResult:
+    ) -> dict[str, Any]:
         result = await process.interact(chars, yield_ms, max_tokens)
         if result.exit_code is None:
             return unified_tool.exec_result(result)
@@ -529,7 +653,8 @@ class McpFrontEnd:
     async def _permitted(
         self,
         ctx: Context,
-        params: types.CallToolRequestParams,
+        tool: str,
+        arguments: dict[str, Any] | None,
         argv: list[str],
         workdir: str,
         sandbox: SandboxSpec,
@@ -538,7 +663,7 @@ class McpFrontEnd:
         in, or the denial line when it may not run. ``ToolArgumentError``: a malformed or
         refused request (a banned ``prefix_rule``)."""
         command = argv[-1]
-        request = permissions.parse_permissions(params.arguments, command, workdir=workdir)
+        request = permissions.parse_permissions(arguments, command, workdir=workdir)
         denial = await self._sourced_skills(ctx, argv, workdir)
         if denial is not None or request is None:
             return sandbox, denial
@@ -553,7 +678,7 @@ class McpFrontEnd:
             and self.state.gate.approvals.can_record(judgement),
             purpose=request.purpose(),
         )
-        log.info("%s: permission request: %s", params.name, question.purpose)
+        log.info("%s: permission request: %s", tool, question.purpose)
         key = request.session_key(command)
         granted = False
         if self.options.on_prompt_deny:
@@ -594,7 +719,7 @@ class McpFrontEnd:
                     reason=approval.reason,
                 )
             )
-        log.info("%s: permission request %s by %s", params.name, approval.answer.value, approval.by)
+        log.info("%s: permission request %s by %s", tool, approval.answer.value, approval.by)
         if approval.answer == Answer.DENY:
             reason = approval.reason or "declined by the user"
             return None, (
@@ -645,25 +770,19 @@ class McpFrontEnd:
     def _direct_route(self, ctx: Context) -> QuestionRoute:
         """Questions asked outside a running call: the client (mid-call elicitation) when it
         can be asked that way, else `execgate approvals`."""
-        if not self._elicits(ctx) or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        if not self._elicits(ctx) or ctx.modern:
             return NoElicitation(None)
-
-        async def elicit(message: str, schema: dict[str, Any]) -> types.ElicitResult:
-            return await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
-
-        return MidCallElicitation(elicit)
+        return MidCallElicitation(ctx.elicit)
 
     def _unified_route(self, ctx: Context, process: UnifiedProcess) -> QuestionRoute:
         """Questions of a unified process go to the client of the request that last
         interacted with it (mid-call elicitation), else to `execgate approvals`."""
-        if not self._elicits(ctx) or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        if not self._elicits(ctx) or ctx.modern:
             return NoElicitation(None)
 
-        async def elicit(message: str, schema: dict[str, Any]) -> types.ElicitResult:
+        async def elicit(message: str, schema: dict[str, Any]) -> ElicitResult:
             latest: Context = process.context
-            return await latest.session.elicit_form(
-                message, schema, related_request_id=latest.request_id
-            )
+            return await latest.elicit(message, schema)
 
         return MidCallElicitation(elicit)
 
@@ -674,9 +793,9 @@ class McpFrontEnd:
         mode = self.options.elicitation
         if mode == "never":
             return False
-        if _can_elicit(ctx.session.client_capabilities):
+        if ctx.client.can_elicit():
             return True
-        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        if ctx.modern:
             return False  # an input request the client cannot fulfil fails the whole call
         if mode == "always":
             return True
@@ -684,47 +803,30 @@ class McpFrontEnd:
 
     def _route(self, ctx: Context, call: ShellCall) -> QuestionRoute:
         if not self._elicits(ctx):
-            legacy = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
 
             async def notify(text: str) -> None:
-                await ctx.session.send_notification(
-                    types.LoggingMessageNotification(
-                        params=types.LoggingMessageNotificationParams(
-                            level="warning", logger="execgate", data=text
-                        )
-                    ),
-                    related_request_id=ctx.request_id,
-                )
+                message = {"level": "warning", "logger": "execgate", "data": text}
+                await ctx.peer.notify("notifications/message", message)
 
-            return NoElicitation(notify if legacy else None)
-        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return NoElicitation(None if ctx.modern else notify)
+        if ctx.modern:
             call.inputs = InputRequests(call.notify)
             return call.inputs
+        return MidCallElicitation(ctx.elicit)
 
-        async def elicit(message: str, schema: dict[str, Any]) -> types.ElicitResult:
-            return await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
-
-        return MidCallElicitation(elicit)
-
-    async def _drive(
-        self, ctx: Context, call: ShellCall
-    ) -> types.CallToolResult | types.InputRequiredResult:
+    async def _drive(self, ctx: Context, call: ShellCall) -> dict[str, Any]:
         """Follow ``call`` for this request: until it ends (its result), until it needs answers
         only the client's retry can bring (2026-07-28: park it), or until this request is
         cancelled (stop it)."""
-        token = (ctx.meta or {}).get("progress_token")
+        token = ctx.meta.get("progressToken")
         pump: ProgressPump | None = None
-        if token is not None:
+        if isinstance(token, int | str) and not isinstance(token, bool):
 
             async def send(progress: float, message: str | None) -> None:
-                await ctx.session.send_notification(
-                    types.ProgressNotification(
-                        params=types.ProgressNotificationParams(
-                            progress_token=token, progress=progress, message=message
-                        )
-                    ),
-                    related_request_id=ctx.request_id,
-                )
+                update: dict[str, Any] = {"progressToken": token, "progress": progress}
+                if message is not None:
+                    update["message"] = message
+                await ctx.peer.notify("notifications/progress", update)
 
             pump = ProgressPump(send)
         async with contextlib.AsyncExitStack() as stack:
@@ -734,9 +836,7 @@ class McpFrontEnd:
             return await self._follow(call, pump)
         raise AssertionError("unreachable")  # mypy: the exit stack does not swallow
 
-    async def _follow(
-        self, call: ShellCall, pump: ProgressPump | None
-    ) -> types.CallToolResult | types.InputRequiredResult:
+    async def _follow(self, call: ShellCall, pump: ProgressPump | None) -> dict[str, Any]:
         parked = False
         try:
             while True:
@@ -752,10 +852,11 @@ class McpFrontEnd:
                 if questions:
                     state = self._park(call)
                     parked = True
-                    return types.InputRequiredResult(
-                        input_requests={q.id: elicit_request(q) for q in questions},
-                        request_state=state,
-                    )
+                    return {
+                        "inputRequests": {q.id: elicit_request(q) for q in questions},
+                        "requestState": state,
+                        "resultType": "input_required",
+                    }
                 await call.changed.wait()
         except BaseException:
             if not parked:  # cancelled (or a bug): nothing of the call may outlive the request
@@ -821,7 +922,7 @@ class McpFrontEnd:
         cut to the workspace's bounds, else the configured profile. Never the call's
         ``workdir``. A state that cannot be enforced exactly raises
         :class:`CodexPolicyError`: the call is refused, never run in another sandbox."""
-        meta: dict[str, Any] = dict(ctx.meta or {})
+        meta = ctx.meta
         sent = [(key, meta[key]) for key in SANDBOX_STATE_KEYS if key in meta]
         if sent:
             if any(state != sent[0][1] for _, state in sent):
@@ -848,12 +949,11 @@ class McpFrontEnd:
         return spec, source
 
 
-async def serve(options: McpOptions) -> None:
-    """Load the policy, then serve MCP on stdin/stdout until the client goes away (or a
-    SIGTERM, SIGHUP or SIGINT), stopping every call before returning."""
-    state = PolicyState(options)
+async def serve(options: McpOptions, state: PolicyState, stdio: Stdio, opening: Opening) -> None:
+    """Serve MCP on the client's stdio, continuing from ``opening``, until the client goes away
+    (or a SIGTERM, SIGHUP or SIGINT), stopping every call before returning."""
     log_escalations()
-    front = McpFrontEnd(options, state)
+    front = McpFrontEnd(options, state, Connection(*stdio, opening.unread), opening)
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(_stop_on_signals, front)
         await front.serve_stdio()
@@ -864,8 +964,7 @@ async def _stop_on_signals(front: McpFrontEnd) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP, signal.SIGINT) as signals:
         async for signum in signals:
             log.info("%s: stopping", signal.Signals(signum).name)
-            # The stdio reader thread may sit in a blocking read of stdin, which cannot be
-            # interrupted: clean up here, then leave without waiting for it.
+            # Calls may be waiting for a human: clean up here, then leave at once.
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await front.aclose()
             os._exit(128 + signum)

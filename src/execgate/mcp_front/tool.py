@@ -19,8 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-import mcp_types as types
-
 TOOL_NAME: Final = "shell"
 TOOL_DESCRIPTION: Final = (
     "Runs a shell command and returns its output. You MUST provide the workdir as an absolute path."
@@ -87,16 +85,17 @@ OUTPUT_SCHEMA: Final[dict[str, Any]] = {
 }
 
 
-def tool_definition(extra_properties: Mapping[str, Any] | None = None) -> types.Tool:
+def tool_definition(extra_properties: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The tool as ``tools/list`` lists it."""
     schema = INPUT_SCHEMA
     if extra_properties:
         schema = {**schema, "properties": {**schema["properties"], **extra_properties}}
-    return types.Tool(
-        name=TOOL_NAME,
-        description=TOOL_DESCRIPTION,
-        input_schema=schema,
-        output_schema=OUTPUT_SCHEMA,
-    )
+    return {
+        "name": TOOL_NAME,
+        "description": TOOL_DESCRIPTION,
+        "inputSchema": schema,
+        "outputSchema": OUTPUT_SCHEMA,
+    }
 
 
 # -- arguments ------------------------------------------------------------------------------
@@ -290,19 +289,20 @@ def codex_payload(outcome: ShellOutcome) -> dict[str, Any]:
     }
 
 
-def tool_result(outcome: ShellOutcome) -> types.CallToolResult:
+def call_result(text: str, structured: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A ``tools/call`` result: one text item, and the same as structured content."""
+    result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": False}
+    if structured is not None:
+        result["structuredContent"] = structured
+    return result
+
+
+def tool_result(outcome: ShellOutcome) -> dict[str, Any]:
     payload = codex_payload(outcome)
     text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    structured = {**payload, "truncated_bytes": outcome.truncated_bytes}
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=text)],
-        structured_content=structured,
-        is_error=False,
-    )
+    return call_result(text, {**payload, "truncated_bytes": outcome.truncated_bytes})
 
 
-def error_result(message: str) -> types.CallToolResult:
+def error_result(message: str) -> dict[str, Any]:
     """A tool error the model can read and correct (``isError: true``)."""
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=message)], is_error=True
-    )
+    return {"content": [{"type": "text", "text": message}], "isError": True}

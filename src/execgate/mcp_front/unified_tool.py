@@ -8,16 +8,13 @@ within ``yield_time_ms``, with its exit code or a ``session_id`` to continue wit
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-import mcp_types as types
-
-from execgate.mcp_front.tool import ToolArgumentError, json_type
+from execgate.mcp_front.tool import ToolArgumentError, call_result, json_type
 
 EXEC_TOOL: Final = "exec_command"
 WRITE_TOOL: Final = "write_stdin"
@@ -107,25 +104,25 @@ RESULT_SCHEMA: Final[dict[str, Any]] = {
 }
 
 
-def tool_definitions(extra_properties: Mapping[str, Any] | None = None) -> list[types.Tool]:
+def tool_definitions(extra_properties: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     schema = EXEC_INPUT_SCHEMA
     if extra_properties:
         schema = {**schema, "properties": {**schema["properties"], **extra_properties}}
     return [
-        types.Tool(
-            name=EXEC_TOOL,
-            description="Runs a command in a PTY or with pipes, returning output or a session "
-            "ID for ongoing interaction.",
-            input_schema=schema,
-            output_schema=RESULT_SCHEMA,
-        ),
-        types.Tool(
-            name=WRITE_TOOL,
-            description="Writes characters to an existing unified exec session and returns "
+        {
+            "name": EXEC_TOOL,
+            "description": "Runs a command in a PTY or with pipes, returning output or a "
+            "session ID for ongoing interaction.",
+            "inputSchema": schema,
+            "outputSchema": RESULT_SCHEMA,
+        },
+        {
+            "name": WRITE_TOOL,
+            "description": "Writes characters to an existing unified exec session and returns "
             "recent output.",
-            input_schema=WRITE_INPUT_SCHEMA,
-            output_schema=RESULT_SCHEMA,
-        ),
+            "inputSchema": WRITE_INPUT_SCHEMA,
+            "outputSchema": RESULT_SCHEMA,
+        },
     ]
 
 
@@ -281,7 +278,7 @@ def limit_tokens(text: str, max_tokens: int) -> tuple[str, int]:
     return head + marker + tail, cut
 
 
-def exec_result(result: ExecOutput) -> types.CallToolResult:
+def exec_result(result: ExecOutput) -> dict[str, Any]:
     lines = [f"Wall time: {result.wall_time:.4f} seconds"]
     if result.exit_code is not None:
         lines.append(f"Process exited with code {result.exit_code}")
@@ -298,8 +295,4 @@ def exec_result(result: ExecOutput) -> types.CallToolResult:
         structured["exit_code"] = result.exit_code
     if result.session_id is not None:
         structured["session_id"] = result.session_id
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text="\n".join(lines))],
-        structured_content=json.loads(json.dumps(structured)),
-        is_error=False,
-    )
+    return call_result("\n".join(lines), structured)

@@ -28,11 +28,36 @@ def literal(host: str) -> IPAddress | None:
         return None
 
 
+#: IPv6 prefixes whose addresses carry an IPv4 address in their last 32 bits, which a
+#: translator or the kernel may deliver to: IPv4-compatible (``::a.b.c.d``), SIIT
+#: (``::ffff:0:a.b.c.d``), NAT64 (``64:ff9b::/96``, local-use ``64:ff9b:1::/48``).
+_EMBEDDING_V4 = tuple(
+    ipaddress.IPv6Network(n) for n in ("::/96", "::ffff:0:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48")
+)
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries (mapped, compatible, SIIT, NAT64, 6to4,
+    Teredo's client), if any."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]
+    if any(address in net for net in _EMBEDDING_V4):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
 def is_internal(address: IPAddress) -> bool:
     """Loopback, link-local, private, unspecified, multicast, reserved: anything that is not
-    a public unicast address (an IPv4-mapped IPv6 address is judged as its IPv4 address)."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    a public unicast address. An IPv6 address that carries an IPv4 address is judged as that
+    IPv4 address as well (the same answer on every Python: their tables differ)."""
+    if isinstance(address, ipaddress.IPv6Address):
+        inner = embedded_ipv4(address)
+        if inner is not None and is_internal(inner):
+            return True
     return not address.is_global or address.is_multicast
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import anyio
+import anyio.abc
 from anyio.from_thread import start_blocking_portal
 
 from execgate.netproxy import wire
@@ -104,32 +105,46 @@ class NetProxy:
                 group.start_soon(self.serve_listener, listeners[0], origin)
 
     async def serve_listener(self, listener: socket.socket, origin: Origin) -> None:
-        """Accept on ``listener`` until cancelled; each connection in this task group."""
+        """Accept on ``listener`` until its spawn's process has exited (or cancelled); each
+        connection in this task group, served to its end."""
         listener.setblocking(False)
         slots = anyio.Semaphore(MAX_CONNECTIONS)
+        accepting = anyio.CancelScope()
         try:
             async with anyio.create_task_group() as group:
-                while True:
-                    try:
-                        conn, address = listener.accept()
-                    except BlockingIOError:
-                        await anyio.wait_readable(listener)
-                        continue
-                    except OSError as exc:  # EMFILE and friends: pause instead of spinning
-                        log.error("proxy: accept failed: %s", exc)
-                        await anyio.sleep(0.05)
-                        continue
-                    try:
-                        slots.acquire_nowait()  # released when the connection is done
-                    except anyio.WouldBlock:
-                        log.warning("proxy: %d connections open: refusing more", MAX_CONNECTIONS)
-                        conn.close()
-                        continue
-                    conn.setblocking(False)
-                    port = address[1] if isinstance(address, tuple) else 0
-                    group.start_soon(self._serve, conn, origin, port, slots)
+                group.start_soon(_cancel_when_gone, origin.pid, accepting)
+                with accepting:
+                    await self._accept(listener, origin, slots, group)
+                listener.close()  # the namespace goes with its last holder
         finally:
             listener.close()
+
+    async def _accept(
+        self,
+        listener: socket.socket,
+        origin: Origin,
+        slots: anyio.Semaphore,
+        group: anyio.abc.TaskGroup,
+    ) -> None:
+        while True:
+            try:
+                conn, address = listener.accept()
+            except BlockingIOError:
+                await anyio.wait_readable(listener)
+                continue
+            except OSError as exc:  # EMFILE and friends: pause instead of spinning
+                log.error("proxy: accept failed: %s", exc)
+                await anyio.sleep(0.05)
+                continue
+            try:
+                slots.acquire_nowait()  # released when the connection is done
+            except anyio.WouldBlock:
+                log.warning("proxy: %d connections open: refusing more", MAX_CONNECTIONS)
+                conn.close()
+                continue
+            conn.setblocking(False)
+            port = address[1] if isinstance(address, tuple) else 0
+            group.start_soon(self._serve, conn, origin, port, slots)
 
     async def _serve(
         self, conn: socket.socket, origin: Origin, peer_port: int, slots: anyio.Semaphore
@@ -261,6 +276,25 @@ class NetProxy:
             return sock, ""
         self.gatekeeper.connected(connection, None, error)
         return None, error
+
+
+async def _cancel_when_gone(pid: int, scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` once process ``pid`` has exited (at once if it is gone already): a
+    listener outliving its spawn would hold a network namespace and a descriptor of the
+    server for the rest of the session, one per confined spawn. Without pidfds (Linux < 5.3)
+    the listener stays until the session ends."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        scope.cancel()
+        return
+    except OSError:
+        return
+    try:
+        await anyio.wait_readable(pidfd)
+        scope.cancel()
+    finally:
+        os.close(pidfd)
 
 
 async def _connect(sock: socket.socket, address: tuple[str, int]) -> None:

@@ -134,6 +134,10 @@ def parse_http_head(head: bytes) -> HttpRequest:
     if len(parts) != 3 or not parts[0] or not set(parts[0].encode()) <= _TOKEN:
         raise WireError("malformed request line")
     method, target, version = parts
+    # A bare LF or CR (or any control) in the target would reach the server as lines of the
+    # client's own after the checked request line (a second Host, a second request).
+    if not target or any(ord(ch) <= 0x20 or ord(ch) == 0x7F for ch in target):
+        raise WireError("malformed request target")
     if version not in ("HTTP/1.1", "HTTP/1.0"):
         raise WireError(f"unsupported HTTP version {version!r}", status=505)
     headers: list[tuple[str, str]] = []

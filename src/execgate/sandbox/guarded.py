@@ -34,9 +34,9 @@ from pathlib import Path
 import execgate
 from execgate import paths
 from execgate.errors import ExecgateError
-from execgate.files import make_private_dir
+from execgate.files import is_own_private_dir, make_private_dir
 from execgate.policy.layers import trusted_project_folders
-from execgate.sandbox.spec import SandboxSpec
+from execgate.sandbox.spec import SandboxSpec, path_under
 
 CONSOLE_SCRIPT = "execgate"
 
@@ -87,7 +87,7 @@ def _user_site() -> list[Path]:
 
 
 def _under(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
+    return path_under(path, folder)
 
 
 def _refuse_roots_in_state(spec: SandboxSpec) -> None:
@@ -95,10 +95,11 @@ def _refuse_roots_in_state(spec: SandboxSpec) -> None:
     a root, or holds one, would stay writable (rules, trust list for the next session)."""
     if spec.mode != "workspace-write":
         return
+    roots = [(root, Path(os.path.realpath(root))) for root in spec.writable_roots]
     for state in paths.state_paths():
         real = Path(os.path.realpath(state))
-        for root in spec.writable_roots:
-            if _under(Path(os.path.realpath(root)), real):
+        for root, real_root in roots:
+            if _under(real_root, real):
                 raise ExecgateError(
                     f"the writable root {root} is inside execgate's state folder {real}, "
                     "which no sandbox may write; work in another directory"
@@ -172,8 +173,22 @@ def guard(spec: SandboxSpec) -> tuple[list[Path], list[Path]]:
     ensure_control_dir(control)
     projects = trusted_project_folders()
     _make_missing_dirs(spec, projects)
-    readonly = [*installation_paths(), *_user_site(), *paths.state_paths(), *projects]
+    readonly = [*installation_paths(), *_user_site(), *paths.state_paths(), *projects,
+                *paths.record_files(), *_session_folders()]  # fmt: skip
     return [p for p in readonly if os.path.lexists(p)], [control, *multiplexers]
+
+
+def _session_folders() -> list[Path]:
+    """The folders every session's folder is made in (made now when missing, so that one
+    made later, by another session, is inside a carve-out from this sandbox's first spawn
+    on); one that is not this user's private folder is never used for a session."""
+    found = []
+    for folder in paths.session_folders():
+        with contextlib.suppress(OSError):
+            make_private_dir(folder)
+        if is_own_private_dir(folder):
+            found.append(folder)
+    return found
 
 
 def ensure_control_dir(folder: Path) -> Path:

@@ -43,7 +43,17 @@ def is_mode(value: object) -> TypeGuard[SandboxMode]:
 
 
 def _under(path: Path, root: Path) -> bool:
-    return path == root or root in path.parents
+    """``path`` is ``root`` or lies below it (lexically)."""
+    return path_under(path, root)
+
+
+def path_under(path: Path, root: Path) -> bool:
+    """``path`` is ``root`` or lies below it (lexically): ``root in path.parents``, without
+    building every parent (sessions check hundreds of paths when they open)."""
+    if not (path.is_absolute() and root.is_absolute()):
+        return path == root or root in path.parents
+    p, r = str(path), str(root)
+    return p == r or p.startswith(r if r.endswith("/") else r + "/")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,13 +136,7 @@ class SandboxSpec:
             return True
         if self.mode != "workspace-write":
             return False
-        path = Path(os.path.realpath(path))
-        roots = [r for r in self.writable_roots if _under(path, r)]
-        if not roots:
-            return False
-        protected = [Path(os.path.realpath(p)) for p in self.readonly_paths]
-        protected += [Path(os.path.realpath(r / n)) for r in roots for n in self.protected_names]
-        return not any(_under(path, p) for p in protected)
+        return _WriteCheck(self).allows(Path(os.path.realpath(path)))
 
     def carve_outs(self) -> list[Path]:
         """Existing paths the launcher will bind-mount read-only today (what needs a mount
@@ -179,9 +183,10 @@ class SandboxSpec:
             spec = replace(spec, standin_table=standin_table)
         carve = [*([session_dir] if session_dir is not None else []), *readonly]
         added = list(spec.readonly_paths)
+        check = _WriteCheck(spec)
         for path in carve:
             real = Path(os.path.realpath(path))
-            if real in added or not spec.allows_write(real):
+            if real in added or not check.allows(real):
                 continue
             if any(_under(root, real) for root in spec.writable_roots):
                 continue
@@ -241,6 +246,37 @@ class SandboxSpec:
 
 
 OFF: Final = SandboxSpec()
+
+
+class _WriteCheck:
+    """:meth:`SandboxSpec.allows_write` for many paths: the read-only paths, and each root's
+    protected names, resolved once."""
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        self.spec = spec
+        self._readonly: list[Path] | None = None
+        self._names: dict[Path, list[Path]] = {}
+
+    def allows(self, path: Path) -> bool:
+        """Whether a confined process could write ``path`` (already resolved)."""
+        spec = self.spec
+        if spec.mode == "off":
+            return True
+        if spec.mode != "workspace-write":
+            return False
+        roots = [r for r in spec.writable_roots if _under(path, r)]
+        if not roots:
+            return False
+        if self._readonly is None:
+            self._readonly = [Path(os.path.realpath(p)) for p in spec.readonly_paths]
+        protected = list(self._readonly)
+        for root in roots:
+            names = self._names.get(root)
+            if names is None:
+                names = [Path(os.path.realpath(root / n)) for n in spec.protected_names]
+                self._names[root] = names
+            protected += names
+        return not any(_under(path, p) for p in protected)
 
 
 def _resolve(path: str | Path, cwd: Path) -> Path:

@@ -1,0 +1,61 @@
+"""Whether an escalation would start in a git repository its sandbox can write.
+
+An escalated ``git`` runs the hooks and config of the repository it starts in
+(``core.fsmonitor``, ``core.pager``, filters, hooks): code. ``<root>/.git`` is a read-only
+carve-out when it exists at the spawn, but a sandbox can make a repository of its own (a nested
+one, or ``.git`` in a root after the spawn), and any escalated program may run ``git`` there
+(its own execs run outside the sandbox). So an escalation out of a sandbox that could write the
+repository of its working directory runs in place instead (docs/sandbox.md).
+
+The check looks through the asking process's own root (``/proc/PID/root``), so it sees the
+mounts of that process's sandbox: what is on a writable mount there, the sandbox wrote or can.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+#: Parent folders looked at, at most (git's own discovery stops at the file system root).
+_MAX_DEPTH = 256
+
+
+def sandbox_writable_repository(pid: int, cwd: str) -> str | None:
+    """The ``.git`` (as the process sees it) of the repository a program started in ``cwd``
+    by process ``pid`` would use, when that process's sandbox can write it or the folder it
+    points to; None when there is none or it is read-only there. A ``.git`` that cannot be
+    examined counts as writable (fail closed)."""
+    root = f"/proc/{pid}/root"
+    folder = posixpath.normpath(cwd) if posixpath.isabs(cwd) else "/"
+    for _ in range(_MAX_DEPTH):
+        dot_git = posixpath.join(folder, ".git")
+        seen = root + dot_git
+        if os.path.lexists(seen):
+            places = [seen]
+            if os.path.isfile(seen):  # a gitfile: "gitdir: PATH" (a worktree, a submodule)
+                target = _gitfile_target(seen)
+                if target is None:
+                    return dot_git
+                places.append(root + posixpath.normpath(posixpath.join(folder, target)))
+            return dot_git if any(_writable_mount(p) for p in places) else None
+        if folder == "/":
+            return None
+        folder = posixpath.dirname(folder)
+    return None
+
+
+def _gitfile_target(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            text = f.read(4096).decode("utf-8", "surrogateescape")
+    except OSError:
+        return None
+    first = text.splitlines()[0] if text else ""
+    return first[len("gitdir:") :].strip() or None if first.startswith("gitdir:") else None
+
+
+def _writable_mount(path: str) -> bool:
+    try:
+        return not os.statvfs(path).f_flag & os.ST_RDONLY
+    except OSError:
+        return True

@@ -49,7 +49,7 @@ def _answers(server: subprocess.Popen[bytes], count: int) -> list[dict[str, Any]
     assert server.stdout is not None
     answers: list[dict[str, Any]] = []
     while len(answers) < count:
-        ready, _, _ = select.select([server.stdout], [], [], 120)  # a hang guard
+        ready, _, _ = select.select([server.stdout], [], [], 30)  # a hang guard
         assert ready, f"no answer; got {answers}"
         line = server.stdout.readline()
         assert line, f"the server closed its output; got {answers}"
@@ -83,6 +83,30 @@ def test_a_rules_file_that_does_not_load_runs_nothing(mcp: Mcp) -> None:
         "(valid decisions: allow, prompt, forbidden)"
     ), err
     assert "Traceback" not in err and not marker.exists()
+
+
+def test_a_rules_file_that_does_not_load_runs_nothing_unprivileged(unprivileged: Any) -> None:
+    """The same for an ordinary user's server (over raw stdio, its own home)."""
+    folder = unprivileged.make_dir()
+    work = folder / "work"
+    work.mkdir()
+    rules = folder / "bad.rules"
+    rules.write_text('prefix_rule(["git"], decision="deny")\n')
+    unprivileged.chown_tree(folder)
+    marker = work / "ran"
+    call = _call(2, {"command": f"touch {marker}", "workdir": str(work), "login": False})
+    done = subprocess.run(
+        unprivileged.argv([sys.executable, "-m", "execgate", "mcp", "--rules", str(rules)]),
+        env=unprivileged.env(),
+        cwd=work,
+        input=_line(INIT) + _line(INITIALIZED) + _line(call),
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert [json.loads(line).get("id") for line in done.stdout.splitlines()] in ([], [1])
+    assert done.stderr.decode().splitlines()[-1].startswith(f"execgate: error: {rules}:1:1: ")
+    assert not marker.exists()
 
 
 def test_everything_pipelined_in_one_write_is_answered(mcp: Mcp) -> None:

@@ -1085,7 +1085,6 @@ class SessionReserve:
     """
 
     def __init__(self) -> None:
-        self._key: tuple[object, ...] | None = None
         self._spare: _Opening | None = None
         self._tasks: anyio.abc.TaskGroup | None = None
 
@@ -1109,16 +1108,18 @@ class SessionReserve:
         key = config.key
         spare, self._spare = self._spare, None
         session: EscalationSession | None = None
-        if spare is not None and self._key == key:
+        # The spare's own config decides (not the last taker's): takers interleave.
+        if spare is not None and spare.config.key == key:
             session = await spare.result()
         elif spare is not None:  # opened for other arguments: not ours to hand out
             self._start(spare.close)
-        self._key = key
         if session is None:
             session = await EscalationSession.open(config, caller)
         else:
             session.attach(caller)
         if self._tasks is not None:
+            if self._spare is not None:  # another taker's, started while we waited
+                self._start(self._spare.close)
             self._spare = _Opening(config, after=session.closed)
             self._start(self._spare.run)
         return session
@@ -1127,7 +1128,6 @@ class SessionReserve:
         """Open a spare for ``config`` now, while nobody waits (a front end that can tell what
         its first caller will ask for: the first call need not wait for a launcher)."""
         if self._spare is None and self._tasks is not None:
-            self._key = config.key
             self._spare = _Opening(config)
             self._start(self._spare.run)
 

@@ -72,6 +72,7 @@ class ControlServer:
         )
         self.socket_path = bound.path
         bound.describe(self._info())
+        bound.announce()
         clean_stale_servers()
 
     async def aclose(self) -> None:

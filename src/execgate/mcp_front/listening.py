@@ -46,7 +46,10 @@ class BoundControl:
         os.chmod(self.path, 0o600)
         self.sock.listen(_BACKLOG)
         self.describe(info)
-        if folder.parent != paths.execgate_home():
+
+    def announce(self) -> None:
+        """Log where the socket is (once the server starts: a start that fails says only why)."""
+        if self.path.parent.parent != paths.execgate_home():
             log.warning(
                 "%s is not usable; the approvals control socket is %s",
                 paths.execgate_home() / "control",

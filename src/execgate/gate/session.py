@@ -478,6 +478,9 @@ class EscalationSession:
                 from execgate.sandbox.guarded import guard  # (sysconfig: sandboxes only)
 
                 readonly, hidden = guard(sandbox)  # execgate's own files, state and controls
+                hosts = config.network.hosts_file if config.network else None
+                if hosts is not None and hosts.exists():  # read at every proxied connection
+                    readonly.append(hosts)
                 spec = sandbox.with_gate_paths(
                     session_dir=session.dir,
                     executables=[session.wrapper, session.interposer],

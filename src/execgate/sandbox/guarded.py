@@ -182,7 +182,7 @@ def _session_folders() -> list[Path]:
     made later, by another session, is inside a carve-out from this sandbox's first spawn
     on); one that is not this user's private folder is never used for a session."""
     found = []
-    for folder in paths.session_folders():
+    for folder in paths.shared_session_folders():  # $EXECGATE_HOME/run: a state path
         with contextlib.suppress(OSError):
             make_private_dir(folder)
         if is_own_private_dir(folder):

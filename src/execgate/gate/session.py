@@ -1094,7 +1094,6 @@ class SessionReserve:
     DEPTH = 2
 
     def __init__(self) -> None:
-        self._key: tuple[object, ...] | None = None
         self._spares: deque[_Opening] = deque()
         self._tasks: anyio.abc.TaskGroup | None = None
 
@@ -1116,10 +1115,11 @@ class SessionReserve:
     async def take(self, config: SessionConfig, caller: SessionCaller) -> EscalationSession:
         """A session as ``EscalationSession.open(config, caller)`` would give."""
         key = config.key
-        if self._key != key:  # opened for other arguments: not ours to hand out
-            while self._spares:
-                self._start(self._spares.popleft().close)
-        self._key = key
+        # Each spare's own config decides, not the last taker's: takers interleave (a taker
+        # that waited for its spare refills with its config after another took with another).
+        for other in [spare for spare in self._spares if spare.config.key != key]:
+            self._spares.remove(other)  # opened for other arguments: not ours to hand out
+            self._start(other.close)
         session: EscalationSession | None = None
         if self._spares:
             ready = [spare for spare in self._spares if spare.ready]
@@ -1142,7 +1142,6 @@ class SessionReserve:
         """Open a spare for ``config`` now, while nobody waits (a front end that can tell what
         its first caller will ask for: the first call need not wait for a launcher)."""
         if not self._spares and self._tasks is not None:
-            self._key = config.key
             opening = _Opening(config)
             self._spares.append(opening)
             self._start(opening.run)

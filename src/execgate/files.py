@@ -14,6 +14,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from execgate.errors import ExecgateError
+
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
 
@@ -79,3 +81,19 @@ def write_atomically(path: Path, data: bytes, *, mode: int = PRIVATE_FILE) -> No
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def ensure_control_dir(folder: Path) -> Path:
+    """Create the control folder (0700) if needed; refuse one that is not a directory of ours
+    (a symlink, or someone else's folder in ``/tmp``)."""
+    try:
+        make_private_dir(folder)
+        st = os.lstat(folder)
+    except OSError as exc:
+        raise ExecgateError(f"cannot create the control folder {folder}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ExecgateError(
+            f"the control folder {folder} is not a private folder of this user (mode 0700); "
+            "remove it"
+        )
+    return folder

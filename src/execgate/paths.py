@@ -219,10 +219,19 @@ def record_files() -> list[Path]:
 
 def session_folders() -> list[Path]:
     """Where the folders of sessions (gate socket, policy snapshot, stand-ins) are made, best
-    first: a folder of this user's under ``$XDG_RUNTIME_DIR``, ``/dev/shm`` and ``/tmp``, and
-    ``$EXECGATE_HOME/run``. Every sandbox keeps them all read-only, so no confined process
-    can reach into another session's folder (``/dev/shm`` and ``/tmp`` are writable roots)."""
+    first: ``execgate-sessions-UID`` under ``$XDG_RUNTIME_DIR`` and ``/dev/shm``,
+    ``$EXECGATE_HOME/run``, ``execgate-sessions-UID`` under ``/tmp``. Every sandbox keeps them
+    all read-only (the first and last through :func:`shared_session_folders`, the other as
+    part of ``$EXECGATE_HOME``), so no confined process can reach into another session's
+    folder (``/dev/shm`` and ``/tmp`` are writable roots)."""
+    *first, last = shared_session_folders()
+    return [*first, execgate_home() / "run", last]
+
+
+def shared_session_folders() -> list[Path]:
+    """The session folders of :func:`session_folders` that are not in ``$EXECGATE_HOME``
+    (``/tmp`` last)."""
     name = f"execgate-sessions-{os.getuid()}"
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     found = [Path(runtime) / name] if runtime and os.path.isabs(runtime) else []
-    return [*found, Path("/dev/shm") / name, execgate_home() / "run", Path("/tmp") / name]
+    return [*found, Path("/dev/shm") / name, Path("/tmp") / name]

@@ -54,8 +54,8 @@ def test_spare_is_reused_only_for_the_same_arguments(tmp_path: Path) -> None:
             await run(reserve, config, caller)
 
     async def spare_of(reserve: SessionReserve) -> EscalationSession:
-        assert reserve._spare is not None
-        session = await reserve._spare.result()  # opened in the background
+        assert reserve._spares
+        session = await reserve._spares[0].result()  # opened in the background
         assert session is not None
         return session
 
@@ -94,9 +94,9 @@ def test_spare_is_reused_only_for_the_same_arguments(tmp_path: Path) -> None:
 def test_spare_is_opened_once_the_session_handed_out_has_closed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Opening the next spare must not compete with the call that took the last one: it waits
-    for that session's close (here: however long it runs), and a taker that cannot wait gets
-    it opened at once."""
+    """Opening the next spares must not compete with the call that took the last one: they
+    wait for that session's close (here: however long it runs), then open one after the other;
+    a taker that cannot wait gets the oldest opened at once."""
     monkeypatch.setattr(session_module, "REFILL_AFTER", 3600.0)
     rules = tmp_path / "r.rules"
     rules.write_text('prefix_rule(["git", "push"], "prompt")\n')
@@ -112,21 +112,25 @@ def test_spare_is_opened_once_the_session_handed_out_has_closed(
     async def main() -> None:
         async with SessionReserve().running() as reserve:
             first = await reserve.take(config, caller)
-            waiting = reserve._spare
-            assert waiting is not None
-            await asyncio.sleep(0.3)  # the spare is not opened while `first` is open
-            assert not waiting._done.is_set()
+            assert len(reserve._spares) == SessionReserve.DEPTH == 2
+            waiting, after_it = reserve._spares
+            await asyncio.sleep(0.3)  # no spare is opened while `first` is open
+            assert not waiting.ready and not after_it.ready
             await first.aclose()
-            with anyio.fail_after(60):
-                await waiting._done.wait()  # opened after the close, nobody asked for it
+            with anyio.fail_after(60):  # opened after the close, nobody asked for them
+                await waiting.opened.wait()
+                await after_it.opened.wait()
             second = await reserve.take(config, caller)
             assert second is waiting._session and second is not first
-            hurried = reserve._spare
-            assert hurried is not None
+            assert after_it._session is not None and after_it._session is not second
+            hurried = reserve._spares[-1]  # opens once `second` has closed
+            assert not hurried.ready
+            third = await reserve.take(config, caller)
+            assert third is after_it._session  # the one ready
             with anyio.fail_after(60):  # wanted now: opened although `second` is open
-                third = await reserve.take(config, caller)
-            assert third is await hurried.result()
-            for session in (second, third):
+                fourth = await reserve.take(config, caller)
+            assert fourth is await hurried.result()
+            for session in (second, third, fourth):
                 await session.aclose()
 
     asyncio.run(main())

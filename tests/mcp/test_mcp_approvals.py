@@ -132,6 +132,8 @@ def test_approvals_cli_errors_and_stale_servers(mcp: Mcp) -> None:
 
     async def scenario() -> None:
         async with mcp.client() as client:
+            # the server answers `initialize` first, then opens its control channel
+            await asyncio.to_thread(mcp.wait_for, lambda: list(run.glob("mcp-*.json")), "control")
             result = await asyncio.to_thread(mcp.approvals, "list")
             assert "no pending approvals" in result.stdout
             result = await asyncio.to_thread(mcp.approvals, "allow", "12345")

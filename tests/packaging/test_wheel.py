@@ -108,7 +108,7 @@ def test_build_install_and_gate(tmp_path: Path) -> None:
             "command": "echo mcp-$((6*7)); git push", "workdir": str(home), "login": False}}},
     ]  # fmt: skip
     server = subprocess.Popen(
-        [str(venv / "bin/execgate"), "mcp", "--sandbox", "off", "--elicitation", "never"],
+        [str(venv / "bin/execgate"), "mcp", "--sandbox", "off", "--on-prompt", "deny"],
         env=env,
         cwd=home,
         stdin=subprocess.PIPE,
@@ -122,6 +122,7 @@ def test_build_install_and_gate(tmp_path: Path) -> None:
         server.stdin.write(b"\n")
         server.stdin.flush()
         replies.append(json.loads(server.stdout.readline()))
+        assert replies[-1].get("id") == number, replies
     server.stdin.close()
     assert server.wait(timeout=120) == 0
     assert replies[0]["result"]["serverInfo"]["name"] == "execgate", replies

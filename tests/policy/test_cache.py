@@ -186,17 +186,13 @@ def test_warm_start_imports_no_starlark(env: Env) -> None:
 def test_warm_start_imports_no_starlark_as_a_user(unprivileged: UnprivilegedUser) -> None:
     """As an ordinary user, whose package folder (and built-in rules) is root's: the user's
     own cache still answers the second start-up."""
-    rules = unprivileged.home / ".execgate" / "rules"
-    for folder in (rules.parent, rules):
-        folder.mkdir()
-        os.chown(folder, unprivileged.uid, unprivileged.gid)
+    home = unprivileged.make_dir()  # a fresh $EXECGATE_HOME: nothing cached yet
+    rules = home / "rules"
+    rules.mkdir()
     (rules / "big.rules").write_text(_big_rules())
-    os.chown(rules / "big.rules", unprivileged.uid, unprivileged.gid)
+    unprivileged.chown_tree(home)
     empty = unprivileged.make_dir()
-    extra = {
-        "EXECGATE_SYSTEM_DIR": str(empty),  # ignored (not root): /etc/execgate stays
-        "CODEX_HOME": str(empty),
-    }
+    extra = {"EXECGATE_HOME": str(home), "CODEX_HOME": str(empty)}
     runs = []
     for _ in range(2):
         result = unprivileged.run([sys.executable, "-c", _START_UP], env=extra)

@@ -323,3 +323,47 @@ def test_an_allowed_git_never_runs_a_repository_the_sandbox_wrote(attacker: Any,
     assert not (out / "nested").exists() and not (out / "root").exists(), (text, done.stderr)
     assert "nested status 0" in text and "root status 0" in text, (text, done.stderr)
     assert (out / "legit").exists(), (text, done.stderr)
+
+
+RACE_CLAIM = r"""
+import os, sys
+sys.path.insert(0, os.getcwd())
+from forge import ask, claim
+os.chdir("sub")
+git = os.open("/usr/bin/git", os.O_RDONLY)
+answer = ask(b"/usr/bin/git", [git], [], [b"git", b"status"])
+print("answer", answer[0].decode(), flush=True)
+if answer[0] == b"escalate":
+    os.rename("../staged.git", ".git")  # after the decision, before the claim
+    claim(answer[1])
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: the repository is checked when the escalation is decided, and a process "
+    "speaking EG1 itself claims its ticket only after making one (see the report)",
+)
+def test_a_repository_made_between_decision_and_claim_does_not_run_outside(
+    attacker: Any,
+) -> None:
+    """The same attack as above by a process that speaks EG1 itself: it asks for `git
+    status` in an empty folder, gets its ticket, then renames a prepared repository into
+    place and claims."""
+    from .test_redteam import FORGE
+
+    attacker.write_rules('prefix_rule(["git", "status"], "allow")\n')
+    (attacker.work / "forge.py").write_text(FORGE)
+    (attacker.work / "race.py").write_text(RACE_CLAIM)
+    attacker.give(attacker.work)
+    out = attacker.outside
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    script = f"""
+        export GIT_CONFIG_NOSYSTEM=1 HOME={attacker.work}
+        mkdir sub && git init -q prep && mv prep/.git staged.git
+        printf '[core]\\n\\tfsmonitor = "touch {out}/raced; false"\\n' >> staged.git/config
+        {sys.executable} race.py >/dev/null 2>&1; echo still working
+    """
+    done = attacker.run(script, mode="workspace-write", env={"PYTHONPATH": src})
+    assert b"still working" in done.stdout, done
+    assert not (out / "raced").exists(), done

@@ -269,3 +269,29 @@ def test_confined_runs_do_not_pile_up_listeners_in_the_server(proxied: Proxied) 
                 server.kill()
     assert "still working" in out, (out, err)
     assert after < before + 20, (before, after)
+
+
+# -- the hosts file the proxy reads at each connection ---------------------------------------------
+
+
+def test_the_hosts_file_cannot_be_rewritten_from_inside(proxied: Proxied) -> None:
+    """`network.hosts_file` is read before DNS at every connection. Kept inside the workspace,
+    the session rewrote it to point a name an allow rule vouches for (so its internal
+    addresses are dialled) at another internal address (found on the merged main: the
+    rewrite took). It is now read-only in every sandbox, like the rules."""
+    p = proxied
+    hosts = p.work / "hosts"
+    hosts.write_text(p.servers.hosts_file.read_text())
+    p.configure('default = "deny"\n')
+    (p.home / "config.toml").write_text(f'[network]\nhosts_file = "{hosts}"\ndefault = "deny"\n')
+    if p.as_user is not None:
+        p.as_user.chown_tree(p.work)  # type: ignore[attr-defined]
+    done = p.run(
+        f"""\
+        echo "10.1.2.3 good.test" >> {hosts} && echo rewritten
+        curl -sS -m 20 http://good.test:{p.servers.http_port}/still
+        """
+    )
+    assert "rewritten" not in done.stdout, (done.stdout, done.stderr)
+    assert "10.1.2.3" not in hosts.read_text()
+    assert f"hello good.test:{p.servers.http_port} /still" in done.stdout, done

@@ -137,22 +137,33 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 
 def run_mcp(args: argparse.Namespace) -> int:
+    import time
+
+    from execgate.cli.workdir import working_directory
+    from execgate.mcp_front.listening import BoundControl
     from execgate.mcp_front.opening import Preparation, answer_opening, claim_stdio
 
+    _configure_logging(args)
     seen = _rules_now(args.rules)  # the rules in force are those of the first answer
-    stdio = claim_stdio()
-    preparation = Preparation(lambda: _prepare(args, seen))
-    opening = answer_opening(stdio, preparation.done_fd)
-    options, state = preparation.result()  # a bad configuration or policy: its one line
-    if opening.eof and not opening.unread.strip():  # the client left after the handshake
-        if options.decisions is not None:
-            options.decisions.close()
-        return 0
-    import asyncio
+    # Listed by `execgate approvals` before the client has its first answer.
+    info = {"cwd": str(working_directory()), "started": time.time(), "version": __version__}
+    bound = BoundControl(info)
+    try:
+        stdio = claim_stdio()
+        preparation = Preparation(lambda: _prepare(args, seen))
+        opening = answer_opening(stdio, preparation.done_fd)
+        options, state = preparation.result()  # a bad configuration or policy: its one line
+        if opening.eof and not opening.unread.strip():  # the client left after the handshake
+            if options.decisions is not None:
+                options.decisions.close()
+            return 0
+        import asyncio
 
-    from execgate.mcp_front.server import serve
+        from execgate.mcp_front.server import serve
 
-    asyncio.run(serve(options, state, stdio, opening))
+        asyncio.run(serve(options, state, stdio, opening, bound))
+    finally:
+        bound.close()
     return 0
 
 
@@ -181,7 +192,6 @@ def _prepare(
     from execgate.mcp_front.server import McpOptions, PolicyState
     from execgate.sandbox import build_spec, require_support, sandbox_from_args
 
-    _configure_logging(args)
     orphans.adopt_orphans()  # what a killed launcher leaves behind is ours to kill
     config = load_config()
     cwd = working_directory()

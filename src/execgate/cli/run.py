@@ -8,10 +8,11 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from execgate import paths
+from execgate import native, paths
 from execgate.cli.options import add_gate_arguments
 from execgate.cli.workdir import working_directory
 from execgate.config import load_config
@@ -32,7 +33,7 @@ from execgate.gate.session import (
 )
 from execgate.gate.skills import skill_scripts
 from execgate.policy import LoadedPolicy
-from execgate.sandbox import add_sandbox_arguments, sandbox_from_args
+from execgate.sandbox import add_sandbox_arguments, probe, sandbox_from_args
 from execgate.visible import VisibleFormatter
 
 
@@ -78,6 +79,17 @@ def run_command(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace, command: list[str]) -> int:
     config = load_config()
     cwd = str(working_directory())
+    loop = asyncio.get_running_loop()
+    # Checks the session's opening repeats (answered at once then, each remembered in this
+    # process) run meanwhile, while the policy loads: the native files' digests (hashing
+    # releases the GIL) and the kernel's sandbox support (a process of its own). A failure
+    # is raised again where the opening asks.
+    checks: list[Callable[[], object]] = [native.verify_installation]
+    if (args.sandbox_mode or config.sandbox.mode or "off") != "off":
+        checks.append(probe)
+    meanwhile = [loop.run_in_executor(None, check) for check in checks]
+    for future in meanwhile:
+        future.add_done_callback(_retrieve)
     source = PolicySource(tuple(args.rules or ()), Path(cwd), config)
     load = source.load()
     for warning in load.warnings:
@@ -112,7 +124,6 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
             hosts_file=config.network.hosts_file,
             approvals=lambda: gate.approvals,
         )
-    loop = asyncio.get_running_loop()
     # Like a shell running a foreground job: the terminal's Ctrl-C and Ctrl-\ are for the
     # command; we outlive them to clean up. SIGTERM/SIGHUP end the whole session.
     for signum in (signal.SIGINT, signal.SIGQUIT):
@@ -127,6 +138,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
     if moved:
         print(f"execgate: warning: {moved}", file=sys.stderr)
     log_escalations()
+    await asyncio.wait(meanwhile)
     session = await EscalationSession.open(
         SessionConfig(
             live=gate.live,
@@ -193,6 +205,8 @@ class _Ending:
             if not waiting.expired():
                 raise
             return signal.SIGTERM  # a wait status: killed by SIGTERM
+        finally:
+            self._waiting = None  # a signal during the teardown has nothing left to end
 
 
 async def _wait(session: EscalationSession, command: list[str], cwd: str, ending: _Ending) -> int:
@@ -204,6 +218,11 @@ async def _wait(session: EscalationSession, command: list[str], cwd: str, ending
         print(denied.message, file=sys.stderr)
         return 126 << 8
     return await ending.wait(process)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _has_terminal() -> bool:

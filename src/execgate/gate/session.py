@@ -23,12 +23,12 @@ import shutil
 import socket
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from execgate import native, paths
 from execgate.decisionlog.recorder import (
@@ -478,6 +478,9 @@ class EscalationSession:
                 from execgate.sandbox.guarded import guard  # (sysconfig: sandboxes only)
 
                 readonly, hidden = guard(sandbox)  # execgate's own files, state and controls
+                hosts = config.network.hosts_file if config.network else None
+                if hosts is not None and hosts.exists():  # read at every proxied connection
+                    readonly.append(hosts)
                 spec = sandbox.with_gate_paths(
                     session_dir=session.dir,
                     executables=[session.wrapper, session.interposer],
@@ -1073,20 +1076,25 @@ def describe_exec(
 
 
 class SessionReserve:
-    """One session opened ahead of need, so the next caller does not wait for a launcher.
+    """Sessions opened ahead of need (:data:`DEPTH` of them), so the next caller does not wait
+    for a launcher.
 
     Sessions are interchangeable only when opened with the same :class:`SessionConfig` key;
-    :meth:`take` hands out the spare when it matches and opens the next one in the background
-    (in :meth:`running`'s task group) once the session it handed out has closed, or has run
-    for :data:`REFILL_AFTER` seconds: opening one costs milliseconds of this process's CPU (on
-    the event loop) and of the machine's, which must not delay the call's own shell, its exit
-    report or its answer. A caller arriving before that takes the spare at once. Spares have
-    no caller: :meth:`take` attaches the taker's.
+    :meth:`take` hands out a spare when it matches (the first one ready, else the oldest) and
+    opens the next ones in the background (in :meth:`running`'s task group) once the session
+    it handed out has closed, or has run for :data:`REFILL_AFTER` seconds, one after the
+    other: opening one costs milliseconds of this process's CPU (on the event loop) and of the
+    machine's, which must not delay the call's own shell, its exit report or its answer. Two
+    are kept, so a caller that comes back at once still finds one ready; a caller arriving
+    before any is ready takes the oldest at once. Spares have no caller: :meth:`take` attaches
+    the taker's.
     """
 
+    #: How many spares are kept.
+    DEPTH = 2
+
     def __init__(self) -> None:
-        self._key: tuple[object, ...] | None = None
-        self._spare: _Opening | None = None
+        self._spares: deque[_Opening] = deque()
         self._tasks: anyio.abc.TaskGroup | None = None
 
     @contextlib.asynccontextmanager
@@ -1107,38 +1115,50 @@ class SessionReserve:
     async def take(self, config: SessionConfig, caller: SessionCaller) -> EscalationSession:
         """A session as ``EscalationSession.open(config, caller)`` would give."""
         key = config.key
-        spare, self._spare = self._spare, None
+        # Each spare's own config decides, not the last taker's: takers interleave (a taker
+        # that waited for its spare refills with its config after another took with another).
+        for other in [spare for spare in self._spares if spare.config.key != key]:
+            self._spares.remove(other)  # opened for other arguments: not ours to hand out
+            self._start(other.close)
         session: EscalationSession | None = None
-        if spare is not None and self._key == key:
+        if self._spares:
+            ready = [spare for spare in self._spares if spare.ready]
+            spare = ready[0] if ready else self._spares[0]
+            self._spares.remove(spare)
             session = await spare.result()
-        elif spare is not None:  # opened for other arguments: not ours to hand out
-            self._start(spare.close)
-        self._key = key
         if session is None:
             session = await EscalationSession.open(config, caller)
         else:
             session.attach(caller)
-        if self._tasks is not None:
-            self._spare = _Opening(config, after=session.closed)
-            self._start(self._spare.run)
+        after: _Signal = session.closed
+        while self._tasks is not None and len(self._spares) < self.DEPTH:
+            opening = _Opening(config, after=after)
+            self._spares.append(opening)
+            self._start(opening.run)
+            after = opening.opened  # the next one once this one is open
         return session
 
     def prime(self, config: SessionConfig) -> None:
         """Open a spare for ``config`` now, while nobody waits (a front end that can tell what
         its first caller will ask for: the first call need not wait for a launcher)."""
-        if self._spare is None and self._tasks is not None:
-            self._key = config.key
-            self._spare = _Opening(config)
-            self._start(self._spare.run)
+        if not self._spares and self._tasks is not None:
+            opening = _Opening(config)
+            self._spares.append(opening)
+            self._start(opening.run)
 
     def _start(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         if self._tasks is not None:
             self._tasks.start_soon(work)
 
     async def aclose(self) -> None:
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            await spare.close()
+        while self._spares:
+            await self._spares.popleft().close()
+
+
+class _Signal(Protocol):
+    """Something set once (an asyncio or anyio event)."""
+
+    def wait(self) -> Awaitable[object]: ...
 
 
 #: How long a spare waits for the session handed out before it to close (a long call gets
@@ -1153,13 +1173,14 @@ class _Opening:
     ``after``: open it once this is set (or :data:`REFILL_AFTER` has passed, or someone wants
     the result)."""
 
-    def __init__(self, config: SessionConfig, after: asyncio.Event | None = None) -> None:
+    def __init__(self, config: SessionConfig, after: _Signal | None = None) -> None:
         import anyio
 
         self.config = config
         self._after = after
         self._waiting = anyio.CancelScope(deadline=anyio.current_time() + REFILL_AFTER)
         self._done = anyio.Event()
+        self.opened = self._done  # set once it is open (or could not be)
         self._session: EscalationSession | None = None
         self._closed = False
 
@@ -1185,6 +1206,10 @@ class _Opening:
                 self._session = session
         finally:
             self._done.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._done.is_set()
 
     async def result(self) -> EscalationSession | None:
         self._waiting.cancel()  # needed now

@@ -36,20 +36,15 @@ from typing import Any
 
 from execgate import paths
 from execgate.errors import ExecgateError
-from execgate.files import write_atomically
 from execgate.gate.escalation import Answer
 from execgate.mcp_front.elicitation import ApprovalError, ApprovalRegistry
+from execgate.mcp_front.listening import BoundControl
 from execgate.peercheck import why_refused
-from execgate.sandbox.guarded import ensure_control_dir
 
 log = logging.getLogger("execgate.mcp")
 
 _MAX_LINE = 1 << 16
 ANSWERS = {a.value: a for a in Answer}
-
-
-def _descriptor(pid: int) -> Path:
-    return paths.control_dir() / f"mcp-{pid}.json"
 
 
 class ControlServer:
@@ -66,46 +61,27 @@ class ControlServer:
         self._revoke = revoke  # withdraws a "for this session" grant (execgate approvals revoke)
         self._server: asyncio.AbstractServer | None = None
         self.socket_path: Path | None = None
-        self._descriptor: Path | None = None
+        self._bound: BoundControl | None = None
 
-    async def start(self) -> None:
-        folder = ensure_control_dir(paths.control_dir())
+    async def start(self, bound: BoundControl) -> None:
+        """Serve ``bound`` (connections made since it was bound are waiting in its backlog)
+        and describe the server in full."""
+        self._bound = bound
+        self._server = await asyncio.start_unix_server(
+            self._serve, sock=bound.sock, limit=_MAX_LINE
+        )
+        self.socket_path = bound.path
+        bound.describe(self._info())
+        bound.announce()
         clean_stale_servers()
-        pid = os.getpid()
-        path = folder / f"mcp-{pid}.sock"
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        old_umask = os.umask(0o177)
-        try:
-            self._server = await asyncio.start_unix_server(
-                self._serve, path=str(path), limit=_MAX_LINE
-            )
-        finally:
-            os.umask(old_umask)
-        os.chmod(path, 0o600)
-        self.socket_path = path
-        descriptor = _descriptor(pid)
-        text = json.dumps({"pid": pid, "socket": str(path), **self._info()})
-        write_atomically(descriptor, (text + "\n").encode("utf-8"))
-        self._descriptor = descriptor
-        if folder.parent != paths.execgate_home():
-            log.warning(
-                "%s is not usable; the approvals control socket is %s",
-                paths.execgate_home() / "control",
-                path,
-            )
-        else:
-            log.info("approvals control socket: %s", path)
 
     async def aclose(self) -> None:
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2.0)
-        for path in (self._descriptor, self.socket_path):
-            if path is not None:
-                with contextlib.suppress(OSError):
-                    path.unlink()
+        if self._bound is not None:
+            self._bound.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from execgate.errors import ExecgateError
 from execgate.mcp_front.protocol import (
     Client,
     discover_result,
@@ -44,8 +45,14 @@ class Stdio(NamedTuple):
 def claim_stdio() -> Stdio:
     """Move the protocol channel off fds 0 and 1: from now on fd 0 reads /dev/null and fd 1
     writes to stderr, so nothing this process or a child writes by mistake reaches the wire."""
-    read_fd = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
-    write_fd = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
+    try:
+        read_fd = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
+        write_fd = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
+    except OSError:
+        raise ExecgateError(
+            "execgate mcp talks to its client on standard input and output, and one of them "
+            "is closed"
+        ) from None
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)

@@ -146,6 +146,10 @@ class Connection:
             except RpcError as exc:
                 await self._answer(error_message(message.id, exc.code, exc.message, exc.data))
                 return
+            except Exception:  # a bug: this request fails, the connection goes on
+                log.exception("internal error while reading request %r", message.id)
+                await self._answer(error_message(message.id, INTERNAL_ERROR, "Internal error"))
+                return
             if isinstance(outcome, dict):
                 await self._answer(result_message(message.id, outcome))
                 return

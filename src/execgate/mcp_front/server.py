@@ -71,6 +71,7 @@ from execgate.mcp_front.elicitation import (
     elicit_result,
     form_params,
 )
+from execgate.mcp_front.listening import BoundControl
 from execgate.mcp_front.opening import Opening, Stdio
 from execgate.mcp_front.protocol import (
     LATEST_HANDSHAKE,
@@ -292,9 +293,15 @@ class McpFrontEnd:
     """The MCP side of the server: what each request means (:meth:`accept`), the tool calls."""
 
     def __init__(
-        self, options: McpOptions, state: PolicyState, peer: Connection, opening: Opening
+        self,
+        options: McpOptions,
+        state: PolicyState,
+        peer: Connection,
+        opening: Opening,
+        bound: BoundControl,
     ) -> None:
         self.options = options
+        self._bound = bound
         self.peer = peer
         #: The protocol era and (handshake) the client ``initialize`` described.
         self.era: str | None = opening.era
@@ -352,7 +359,7 @@ class McpFrontEnd:
         return self._tasks
 
     async def serve_stdio(self) -> None:
-        await self.control.start()
+        await self.control.start(self._bound)
         async with self.sessions.running(), anyio.create_task_group() as tasks:
             self._tasks = tasks
             # The first call's session opens while the client is still starting up.
@@ -949,11 +956,15 @@ class McpFrontEnd:
         return spec, source
 
 
-async def serve(options: McpOptions, state: PolicyState, stdio: Stdio, opening: Opening) -> None:
-    """Serve MCP on the client's stdio, continuing from ``opening``, until the client goes away
-    (or a SIGTERM, SIGHUP or SIGINT), stopping every call before returning."""
+async def serve(
+    options: McpOptions, state: PolicyState, stdio: Stdio, opening: Opening, bound: BoundControl
+) -> None:
+    """Serve MCP on the client's stdio, continuing from ``opening``, and ``execgate approvals``
+    on ``bound``, until the client goes away (or a SIGTERM, SIGHUP or SIGINT), stopping every
+    call before returning."""
     log_escalations()
-    front = McpFrontEnd(options, state, Connection(*stdio, opening.unread), opening)
+    peer = Connection(*stdio, opening.unread)
+    front = McpFrontEnd(options, state, peer, opening, bound)
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(_stop_on_signals, front)
         await front.serve_stdio()

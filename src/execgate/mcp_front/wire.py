@@ -89,10 +89,13 @@ def result_message(request_id: RequestId, result: dict[str, Any]) -> dict[str, A
     return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
 
-def read_message(line: bytes | str) -> Message:
+def read_message(line: bytes) -> Message:
     try:
         raw = json.loads(line)
-    except ValueError:  # UnicodeDecodeError included
+        if b"\\u" in line:
+            # An escaped lone surrogate is JSON, but no text: nothing downstream could say it.
+            json.dumps(raw, ensure_ascii=False).encode()
+    except ValueError:  # UnicodeDecodeError and UnicodeEncodeError included
         answer = error_message(None, PARSE_ERROR, "Parse error: the message is not valid JSON")
         return Malformed(answer, "not valid JSON")
     if not isinstance(raw, dict):

@@ -26,7 +26,6 @@ import os
 import pwd
 import shutil
 import site
-import stat
 import sys
 import sysconfig
 from pathlib import Path
@@ -34,7 +33,7 @@ from pathlib import Path
 import execgate
 from execgate import paths
 from execgate.errors import ExecgateError
-from execgate.files import is_own_private_dir, make_private_dir
+from execgate.files import ensure_control_dir, is_own_private_dir, make_private_dir
 from execgate.policy.layers import trusted_project_folders
 from execgate.sandbox.spec import SandboxSpec, path_under
 
@@ -183,25 +182,9 @@ def _session_folders() -> list[Path]:
     made later, by another session, is inside a carve-out from this sandbox's first spawn
     on); one that is not this user's private folder is never used for a session."""
     found = []
-    for folder in paths.session_folders():
+    for folder in paths.shared_session_folders():  # $EXECGATE_HOME/run: a state path
         with contextlib.suppress(OSError):
             make_private_dir(folder)
         if is_own_private_dir(folder):
             found.append(folder)
     return found
-
-
-def ensure_control_dir(folder: Path) -> Path:
-    """Create the control folder (0700) if needed; refuse one that is not a directory of ours
-    (a symlink, or someone else's folder in ``/tmp``)."""
-    try:
-        make_private_dir(folder)
-        st = os.lstat(folder)
-    except OSError as exc:
-        raise ExecgateError(f"cannot create the control folder {folder}: {exc.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise ExecgateError(
-            f"the control folder {folder} is not a private folder of this user (mode 0700); "
-            "remove it"
-        )
-    return folder

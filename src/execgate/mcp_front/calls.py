@@ -42,6 +42,7 @@ from execgate.mcp_front.tool import (
     OutputCapture,
     ShellArgs,
     ShellOutcome,
+    exit_code_of,
 )
 
 log = logging.getLogger("execgate.mcp")
@@ -165,8 +166,7 @@ class ShellCall:
                     with anyio.CancelScope() as timer:
                         self.stopwatch.attach(timer)
                         status = await process.wait()
-                        code = os.waitstatus_to_exitcode(status)
-                        exit_code = 128 - code if code < 0 else code
+                        exit_code = exit_code_of(status)
                     self.stopwatch.attach(None)
                     if timer.cancelled_caught:
                         log.info(

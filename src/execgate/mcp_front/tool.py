@@ -29,6 +29,13 @@ OUTPUT_CAP: Final = 1 << 20
 #: ``exit_code`` of a command stopped by its timeout (as GNU ``timeout`` and Codex report it).
 TIMEOUT_EXIT_CODE: Final = 124
 
+
+def exit_code_of(status: int) -> int:
+    """A wait(2) status as a shell reports it: the exit code, or 128 + the killing signal."""
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
 INPUT_SCHEMA: Final[dict[str, Any]] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "ExecParams",

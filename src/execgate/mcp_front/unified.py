@@ -35,7 +35,7 @@ from execgate.gate.session import (
 )
 from execgate.mcp_front.calls import STOP_GRACE, CallSetup, PipeReader
 from execgate.mcp_front.stopwatch import Stopwatch
-from execgate.mcp_front.tool import OUTPUT_CAP, OutputCapture
+from execgate.mcp_front.tool import OUTPUT_CAP, OutputCapture, exit_code_of
 from execgate.mcp_front.unified_tool import BYTES_PER_TOKEN, ExecArgs, ExecOutput, limit_tokens
 
 log = logging.getLogger("execgate.mcp")
@@ -170,8 +170,7 @@ class UnifiedProcess:
                     _close_all(child_fds)
                     child_fds = []
                     status = await process.wait()
-                    code = os.waitstatus_to_exitcode(status)
-                    exit_code = 128 - code if code < 0 else code
+                    exit_code = exit_code_of(status)
             if self._scope.cancelled_caught:
                 exit_code = 128 + signal.SIGKILL
         except ExecgateError as exc:

@@ -12,8 +12,9 @@ Front ends (``execgate run``, ``execgate mcp``) need only what is exported here.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from execgate.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from execgate.gate.livepolicy import GatePolicy, PolicySource
@@ -37,13 +38,7 @@ _EXPORTS = {
     "SessionReserve": "session",
 }
 
-
-def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
-
+__getattr__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 __all__ = [
     "EscalationSession",

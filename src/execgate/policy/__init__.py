@@ -12,6 +12,8 @@ Typical use::
 # imports only the modules it needs (start-up time), e.g. not the Starlark evaluator.
 from typing import TYPE_CHECKING
 
+from execgate.lazy import lazy_exports
+
 if TYPE_CHECKING:
     from execgate.policy.amend import allow_rule_line, append_allow_rule, remove_allow_rule
     from execgate.policy.cache import RulesCache
@@ -64,15 +66,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> object:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, globals(), _HOMES)
 
 
 __all__ = [

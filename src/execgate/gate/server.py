@@ -158,11 +158,14 @@ class GateServer:
             self._loop.add_reader(conn.fileno(), self._on_first_bytes, conn, peer)
             return
         except (OSError, ProtocolError) as exc:
-            log.warning("gate: bad request from pid %d: %s", peer.pid, exc)
-            self._handler.refused(peer, f"bad request: {exc}")
-            conn.close()
+            self._refuse_bad(conn, peer, exc)
             return
         self._serve_read(conn, data, fds, peer)
+
+    def _refuse_bad(self, conn: socket.socket, peer: Peer, exc: Exception) -> None:
+        log.warning("gate: bad request from pid %d: %s", peer.pid, exc)
+        self._handler.refused(peer, f"bad request: {exc}")
+        conn.close()
 
     def _hold(self, conn: socket.socket, peer: Peer, fds: list[int] | None = None) -> bool:
         """Count ``conn`` among the unfinished requests, or close it when there are too many."""
@@ -197,9 +200,7 @@ class GateServer:
                     self._spawn(self._serve_slowly(conn, b"", [], peer))
                 return
             except (OSError, ProtocolError) as exc:
-                log.warning("gate: bad request from pid %d: %s", peer.pid, exc)
-                self._handler.refused(peer, f"bad request: {exc}")
-                conn.close()
+                self._refuse_bad(conn, peer, exc)
                 return
             self._serve_read(conn, data, fds, peer)
         except Exception:  # never let one connection take the server down

@@ -55,6 +55,34 @@ SOURCES = (
 Entry = Mapping[str, Any]
 
 
+class FlushSoon:
+    """Calls ``flush`` :data:`FLUSH_DELAY` after the first item of a batch was queued, on the
+    running event loop (at once without one), so an exec pays a list append and the batch one
+    write. ``flush`` calls :meth:`cancel` first."""
+
+    def __init__(self, flush: Callable[[], None]) -> None:
+        self._flush = flush
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def queued(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): now
+            self._flush()
+            return
+        if self._timer is not None and self._loop is loop:
+            return
+        if self._timer is not None:  # scheduled on a loop that is gone
+            self._flush()
+        self._timer, self._loop = loop.call_later(FLUSH_DELAY, self._flush), loop
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = self._loop = None
+
+
 class Export(Protocol):
     """A destination that must never hold up the caller (the OTLP export)."""
 
@@ -120,7 +148,7 @@ class DecisionLog:
         self.audit = audit
         self.export = export
         self._pending: list[tuple[float, Entry | Callable[[], Entry]]] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self._soon = FlushSoon(self.flush)
         self._failed = False
         atexit.register(self.flush)
 
@@ -129,20 +157,11 @@ class DecisionLog:
         an exec's (``gate.session.decision_entry``), a permission request's
         (:func:`permission_entry`). ``time``, ``session`` and ``front`` are added here."""
         self._pending.append((time.time(), entry))
-        if self._timer is not None:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self.flush()
-            return
-        self._timer = loop.call_later(FLUSH_DELAY, self.flush)
+        self._soon.queued()
 
     def flush(self) -> None:
         """Write every pending record now."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._soon.cancel()
         pending, self._pending = self._pending, []
         if not pending:
             return

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from execgate import native, paths
 from execgate.decisionlog.recorder import (
-    FLUSH_DELAY,
     DecisionLog,
+    FlushSoon,
     bounded_argv,
     permission_entry,
 )
@@ -128,27 +128,15 @@ class _Unlogged:
 
     def __init__(self) -> None:
         self._items: list[tuple[float, GatedExec, Action, str]] = []
-        self._timer: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._soon = FlushSoon(self.flush)
         atexit.register(self.flush)
 
     def add(self, exec_: GatedExec, action: Action, sandbox: str) -> None:
         self._items.append((time.time(), exec_, action, sandbox))
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop (a synchronous caller): now
-            self.flush()
-            return
-        if self._timer is not None and self._loop is loop:
-            return
-        if self._timer is not None:  # scheduled on a loop that is gone
-            self.flush()
-        self._timer, self._loop = loop.call_later(FLUSH_DELAY, self.flush), loop
+        self._soon.queued()
 
     def flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = self._loop = None
+        self._soon.cancel()
         items, self._items = self._items, []
         for when, exec_, action, sandbox in items:
             _log_escalation(exec_, action, sandbox, when)
@@ -179,41 +167,25 @@ def log_escalations(path: Path | None = None) -> Path | None:
 
 
 class BatchedLines(logging.Handler):
-    """Appends log lines to a file in one ``write`` per batch, shortly after they were logged
-    (:data:`FLUSH_DELAY`, as the decision log), and at exit: a line per escalated exec would
-    cost each exec a write. Whole lines only, on an ``O_APPEND`` descriptor, so several
-    processes can share the file."""
+    """Appends log lines to a file in one ``write`` per batch: the lines wait for
+    :meth:`flush`, which :class:`_Unlogged` calls after each batch it logs (and logging calls at
+    exit); a line per escalated exec would cost each exec a write. Whole lines only, on an
+    ``O_APPEND`` descriptor, so several processes can share the file."""
 
     def __init__(self, path: Path) -> None:
         super().__init__()
         self.baseFilename = str(path)
         self._fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self._lines: list[str] = []
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_loop: asyncio.AbstractEventLoop | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self._lines.append(self.format(record) + "\n")
         except Exception:
             self.handleError(record)
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop (another thread, a synchronous caller): now
-            self.flush()
-            return
-        if self._timer is not None and self._timer_loop is loop:
-            return
-        if self._timer is not None:  # scheduled on a loop that is gone
-            self.flush()
-        self._timer, self._timer_loop = loop.call_later(FLUSH_DELAY, self.flush), loop
 
     def flush(self) -> None:
         with self.lock or contextlib.nullcontext():
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = self._timer_loop = None
             lines, self._lines = self._lines, []
             if not lines or self._fd < 0:
                 return

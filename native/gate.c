@@ -973,22 +973,26 @@ static void snap_validate(struct snap_map *m)
     m->valid = 1;
 }
 
-static int snap_has_name(const struct snap_map *m, const char *s, size_t n)
+/* Whether the ascending array of count little-endian u64 at base holds value. */
+static int sorted_u64_has(const unsigned char *base, uint32_t count, uint64_t value)
 {
-    uint64_t h = fnv1a(s, n);
-    const unsigned char *base = m->base + m->names_off;
-    uint32_t lo = 0, hi = m->names;
+    uint32_t lo = 0, hi = count;
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
         uint64_t v = le64(base + 8 * (uint64_t)mid);
-        if (v == h)
+        if (v == value)
             return 1;
-        if (v < h)
+        if (v < value)
             lo = mid + 1;
         else
             hi = mid;
     }
     return 0;
+}
+
+static int snap_has_name(const struct snap_map *m, const char *s, size_t n)
+{
+    return sorted_u64_has(m->base + m->names_off, m->names, fnv1a(s, n));
 }
 
 static int snap_has_file(const struct snap_map *m, uint64_t dev, uint64_t ino)
@@ -1010,19 +1014,7 @@ static int snap_has_file(const struct snap_map *m, uint64_t dev, uint64_t ino)
 
 static int snap_has_size(const struct snap_map *m, uint64_t size)
 {
-    const unsigned char *base = m->base + m->sizes_off;
-    uint32_t lo = 0, hi = m->sizes;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        uint64_t v = le64(base + 8 * (uint64_t)mid);
-        if (v == size)
-            return 1;
-        if (v < size)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return 0;
+    return sorted_u64_has(m->base + m->sizes_off, m->sizes, size);
 }
 
 static int snap_name_str(const struct snap_map *m, const char *s)

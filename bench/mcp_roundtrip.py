@@ -34,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from build_overhead import isolated_env  # a sibling script (bench/ is sys.path[0])
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -123,17 +124,7 @@ async def measure(args: argparse.Namespace) -> None:
         root = Path(tmp)
         work = root / "work"
         work.mkdir()
-        env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "LANG": "C.UTF-8",
-            "HOME": str(root / "home"),
-            "EXECGATE_HOME": str(root / "execgate-home"),
-            "EXECGATE_SYSTEM_DIR": str(root / "etc-execgate"),
-            "CODEX_HOME": str(root / "codex-home"),
-            "EXECGATE_CODEX_SYSTEM_DIR": str(root / "etc-codex"),
-        }
-        for key in ("HOME", "EXECGATE_HOME", "CODEX_HOME"):
-            os.makedirs(env[key])
+        env = isolated_env(root)
         rules = root / "bench.rules"
         rules.write_text('prefix_rule(["git", "push"], "prompt")\n')
         params = StdioServerParameters(

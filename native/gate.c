@@ -1624,3 +1624,29 @@ int eg_gate(struct eg_call *c, eg_run_fn run, void *ctx)
         munmap(map, esz);
     return r;
 }
+
+/* ---------------------------------------------------------------- the front's first program */
+
+int eg_snapshot_verdict(const void *snap, size_t len, const char *cwd, const char *path,
+                        const char *wrapper, char *real, size_t real_cap)
+{
+    struct prog p;
+    int err = prog_open(&p, cwd, AT_FDCWD, path, -1, 0);
+    if (err)
+        return -err;
+    struct snap_map m = {.base = snap, .size = len};
+    snap_validate(&m);
+    /* exactly the interposer's decision (snap_needs_ask), with this snapshot instead of the
+     * session's; the wrapper (a gate of its own) is left to the server */
+    int ask = !p.real[0] || p.nlink > 1 || snap_match(&m, &p) || leaves_the_gate(&p) ||
+              (wrapper && wrapper[0] && eq(p.real, wrapper));
+    size_t n = strlen(p.real);
+    if (n + 1 > real_cap) {
+        ask = 1;
+        n = 0;
+    }
+    memcpy(real, p.real, n);
+    real[n] = '\0';
+    prog_close(&p);
+    return ask;
+}

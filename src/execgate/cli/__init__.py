@@ -66,8 +66,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         return 2
+    return guarded(lambda: handler(args))
+
+
+def guarded(work: Callable[[], int]) -> int:
+    """``work()``'s exit status; its errors as one line each, never a traceback."""
     try:
-        return handler(args)
+        return work()
     except ExecgateError as exc:
         print(f"execgate: error: {exc.message}", file=sys.stderr)
         return exc.exit_status
@@ -89,12 +94,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entry() -> NoReturn:
     """The ``execgate`` command (console script, ``python -m execgate``): :func:`main`, then
-    the exit. Once the command is done and only this thread is left, the exit functions run
-    (log handlers flush and close), the standard streams are flushed, and the process ends
-    without the interpreter's own teardown: with asyncio loaded that reclaims every object one
-    by one for tens of milliseconds, which the kernel does at once (`execgate run -- true` is
-    waited for until then)."""
-    status = main()
+    the exit. ``execgate run`` goes to the native front first (:func:`_native_front`)."""
+    _native_front()
+    exit_now(main())
+
+
+def entry_with(work: Callable[[], int]) -> NoReturn:
+    """Run ``work`` as a command (:func:`guarded`), then exit as :func:`entry` does (the
+    server of a native start, execgate/adopt.py)."""
+    exit_now(guarded(work))
+
+
+def exit_now(status: int) -> NoReturn:
+    """Once the command is done and only this thread is left, the exit functions run (log
+    handlers flush and close), the standard streams are flushed, and the process ends without
+    the interpreter's own teardown: with asyncio loaded that reclaims every object one by one
+    for tens of milliseconds, which the kernel does at once (`execgate run -- true` is waited
+    for until then)."""
     threads = sys.modules.get("threading")
     if threads is not None and threads.active_count() > 1:
         sys.exit(status)  # someone is still at work: the ordinary exit waits for them
@@ -105,6 +121,27 @@ def entry() -> NoReturn:
         except (OSError, ValueError):  # as the interpreter's own exit: status 120
             status = status or 120
     os._exit(status)
+
+
+#: Set by the native front when it hands a command line back to us (removed at once, so the
+#: command never sees it).
+FRONT_DECLINED = "EXECGATE_FRONT_DECLINED"
+
+
+def _native_front() -> None:
+    """``execgate run``: exec the native front (``_bin/execgate-run``, docs/protocol.md §8),
+    which starts the command from a start-up plan or hands the command line back here. Not
+    when it already did, nor with ``EXECGATE_FAST_START=0``."""
+    argv = sys.argv[1:]
+    if os.environ.pop(FRONT_DECLINED, None) is not None:
+        return
+    if not argv or argv[0] != "run" or os.environ.get("EXECGATE_FAST_START") == "0":
+        return
+    front = os.path.join(os.path.dirname(os.path.dirname(__file__)), "_bin", "execgate-run")
+    try:
+        os.execv(front, [front, sys.executable, *argv[1:]])
+    except OSError:
+        return  # not built (a source checkout): the slow path
 
 
 def _command_module(argv: Sequence[str]) -> str | None:

@@ -90,7 +90,8 @@ def _exit_like(status: int) -> int:
     code = os.waitstatus_to_exitcode(status)
     if code < 0:  # died of a signal: die of the same one, so our caller sees the truth
         sys.stdout.flush()
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # (those cannot be handled)
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         return 128 - code
     return code

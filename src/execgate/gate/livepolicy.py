@@ -90,7 +90,8 @@ class LivePolicy:
     def planned_inputs(self) -> list[Path]:
         """The folders and files the snapshot was built from (missing folders included): a
         start-up plan's inputs (gate/runplan.py)."""
-        return [Path(p) for p in (*self._looked_in, *self._found)]
+        skills = list(self.skills.dirs) if self.skills else []  # looked for, found or not
+        return [*skills, *(Path(p) for p in (*self._looked_in, *self._found))]
 
     @property
     def rule_named(self) -> list[str]:

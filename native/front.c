@@ -695,22 +695,27 @@ int main(int argc, char **argv)
     const char *fast = getenv("EXECGATE_FAST_START");
     if (fast && !strcmp(fast, "0"))
         slow_path();
-    /* Only `execgate run [--] CMD...`: every option goes to the slow path (its words are part
-     * of the plan's key when a later version handles some). */
-    char **cmd = g_run_args;
-    int ncmd = g_run_argc;
-    if (ncmd > 0 && !strcmp(cmd[0], "--"))
-        cmd++, ncmd--;
-    else if (ncmd > 0 && cmd[0][0] == '-')
-        slow_path();
-    if (ncmd <= 0)
+    /* `execgate run [OPTION...] -- CMD...` or `execgate run CMD...`: the option words are
+     * taken as they are (the plan names the ones its slow path could cover, word for word);
+     * options without `--` after them go to the slow path (argparse decides where they end). */
+    char **opts = g_run_args, **cmd = g_run_args;
+    int nopts = 0, ncmd = g_run_argc;
+    if (ncmd > 0 && cmd[0][0] == '-') {
+        while (nopts < g_run_argc && strcmp(g_run_args[nopts], "--"))
+            nopts++;
+        if (nopts == g_run_argc)
+            slow_path();
+        cmd = g_run_args + nopts + 1;
+        ncmd = g_run_argc - nopts - 1;
+    }
+    if (ncmd <= 0 || nopts > MAX_LIST)
         slow_path();
 
     static char cwd[PATH_MAX];
     if (!getcwd(cwd, sizeof cwd))
         slow_path();
     static struct plan plan;
-    int plan_fd = load_plan(&plan, cwd, NULL, 0);
+    int plan_fd = load_plan(&plan, cwd, opts, nopts);
     if (plan_fd < 0)
         slow_path();
     static char program[PATH_MAX], real[PATH_MAX];

@@ -294,3 +294,56 @@ def _unescape(text: str) -> str:
             out.append(ord(text[i]))
             i += 1
     return os.fsdecode(bytes(out))
+
+
+def test_the_server_ends_a_session_whose_plan_it_does_not_compute(warm: World) -> None:
+    """A plan whose inputs hold but whose snapshot is not what they give (written by the
+    user's own process: with the sandbox off, cooperative): the front follows it, the server
+    finds the difference, ends the session at once, deletes the plan and says so."""
+    (plan,) = plan_files(warm)
+    unnamed = plan.read_text()  # no rule names dash
+    rules = warm.execgate_home / "rules"
+    rules.mkdir()
+    (rules / "t.rules").write_text('prefix_rule(pattern=["dash"], decision="forbidden")\n')
+    assert run(warm, "cat", "/dev/null")[2] == "slow"  # a fresh plan, its snapshot names dash
+    named = plan.read_text()
+    snapshot = next(line for line in unnamed.splitlines() if line.startswith("snapshot "))
+    forged = "\n".join(
+        snapshot if line.startswith("snapshot ") else line for line in named.splitlines()
+    )
+    plan.write_text(forged + "\n")
+    marker = warm.work / "marker"
+    process = start(warm, "dash", "-c", f"sleep 20; touch {marker}")
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 1, err
+    assert b"execgate: error: the session was ended: its start-up plan was stale" in err
+    assert not marker.exists()
+    assert plan_files(warm) == []
+
+
+def test_as_an_unprivileged_user(unprivileged: Any) -> None:
+    """The fast path as an ordinary user: its plan is its own, and killing the server from
+    the command still denies the exec after it."""
+    work = unprivileged.make_dir()
+    home = unprivileged.make_dir()
+    env = {"HOME": str(home), "EXECGATE_HOME": str(home / ".execgate")}
+    command = [*EXECGATE, "run", "--", "dash", "-c"]
+    first = unprivileged.run([*command, "exit 5"], env=env, cwd=work)
+    assert first.returncode == 5, first.stderr
+    (plan,) = (home / ".execgate" / "cache" / "run-plans").iterdir()
+    assert (plan.stat().st_uid, plan.stat().st_mode & 0o777) == (unprivileged.uid, 0o600)
+    # the launcher's parent: the front (fast) or the server itself (slow)
+    show = 'read -r stat < /proc/$PPID/stat; set -- $stat; echo "$4 $EXECGATE_SNAPSHOT"'
+    second = unprivileged.run([*command, show], env=env, cwd=work)
+    assert second.returncode == 0, second.stderr
+    front, snapshot = second.stdout.decode().split()
+    assert snapshot.startswith("/proc/") and snapshot != f"/proc/{front}/fd/100"  # fast
+    marker = work / "marker"
+    attack = (
+        'S=${EXECGATE_SNAPSHOT#/proc/}; S=${S%%/*}; kill -KILL "$S"; '
+        f"sleep 1; touch {marker}; echo survived"
+    )
+    third = unprivileged.run([*command, attack], env=env, cwd=work)
+    assert b"survived" not in third.stdout, third.stderr
+    assert third.returncode != 0
+    assert not marker.exists()

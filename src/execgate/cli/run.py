@@ -179,8 +179,9 @@ async def _run(
     session = await EscalationSession.open(session_config, caller)
     try:
         async with reloader.watching():
-            if _plan_options(args) is not None:
-                _write_plan(args, config, load, session, cwd)
+            options = _plan_options(args)
+            if options is not None:
+                _write_plan(options, config, load, session, cwd)
             return await _wait(session, command, cwd, ending)
     finally:
         await session.aclose()
@@ -288,19 +289,34 @@ def _differs_from_plan(
     return None
 
 
+#: The options a start-up plan covers, each with the values it may have (None: any), in the
+#: two-word form only: ``--rules FILE``, ``--sandbox off``, ``--on-prompt ask|deny``.
+_PLANNED_OPTIONS: dict[str, tuple[str, ...] | None] = {
+    "--rules": None,
+    "-r": None,
+    "--sandbox": ("off",),
+    "--on-prompt": ("ask", "deny"),
+}
+
+
 def _plan_options(args: argparse.Namespace) -> list[str] | None:
-    """The option words of a run a start-up plan can cover (docs/protocol.md §8), or None:
-    none at all (the native front handles no option yet), no sandbox, no --audit."""
-    words = sys.argv[2:] if sys.argv[1:2] == ["run"] else None
-    if words is None or (words and words[0] != "--" and words[0].startswith("-")):
+    """The option words of this run when a start-up plan can cover them (docs/protocol.md
+    §8), or None. The native front finds them as they were typed: before ``--``."""
+    words = sys.argv[2:] if sys.argv[1:2] == ["run"] else []
+    if not words or words[0] == "--" or not words[0].startswith("-"):
+        return []
+    if "--" not in words:
         return None
-    if args.audit is not None or args.rules or args.on_prompt not in (None, "ask"):
-        return None
-    return []
+    options = words[: words.index("--")]
+    for name, value in zip(options[::2], options[1::2], strict=False):
+        allowed = _PLANNED_OPTIONS.get(name, ())
+        if allowed == () or (allowed is not None and value not in allowed):
+            return None
+    return options if len(options) % 2 == 0 else None
 
 
 def _write_plan(
-    args: argparse.Namespace,
+    options: list[str],
     config: Config,
     load: LoadedPolicy,
     session: EscalationSession,
@@ -311,7 +327,7 @@ def _write_plan(
     fail closed); else remove a plan left from before."""
     from execgate.decisionlog.otel import settings_from
 
-    target = runplan.plan_path(cwd, [])
+    target = runplan.plan_path(cwd, options)
     local = all(
         source.layer != "requirements" or os.path.isabs(source.path) for source in load.sources
     )
@@ -340,7 +356,7 @@ def _write_plan(
     try:
         text = runplan.render(
             cwd=cwd,
-            options=[],
+            options=options,
             inputs=inputs,
             snapshot=session.live.snapshot,
             sessions=session.dir.parent,

@@ -93,9 +93,8 @@ def guarded(work: Callable[[], int]) -> int:
 
 
 def entry() -> NoReturn:
-    """The ``execgate`` command (console script, ``python -m execgate``): :func:`main`, then
-    the exit. ``execgate run`` goes to the native front first (:func:`_native_front`)."""
-    _native_front()
+    """The ``execgate`` commands (:mod:`execgate.console` comes first): :func:`main`, then
+    the exit."""
     exit_now(main())
 
 
@@ -121,27 +120,6 @@ def exit_now(status: int) -> NoReturn:
         except (OSError, ValueError):  # as the interpreter's own exit: status 120
             status = status or 120
     os._exit(status)
-
-
-#: Set by the native front when it hands a command line back to us (removed at once, so the
-#: command never sees it).
-FRONT_DECLINED = "EXECGATE_FRONT_DECLINED"
-
-
-def _native_front() -> None:
-    """``execgate run``: exec the native front (``_bin/execgate-run``, docs/protocol.md §8),
-    which starts the command from a start-up plan or hands the command line back here. Not
-    when it already did, nor with ``EXECGATE_FAST_START=0``."""
-    argv = sys.argv[1:]
-    if os.environ.pop(FRONT_DECLINED, None) is not None:
-        return
-    if not argv or argv[0] != "run" or os.environ.get("EXECGATE_FAST_START") == "0":
-        return
-    front = os.path.join(os.path.dirname(os.path.dirname(__file__)), "_bin", "execgate-run")
-    try:
-        os.execv(front, [front, sys.executable, *argv[1:]])
-    except OSError:
-        return  # not built (a source checkout): the slow path
 
 
 def _command_module(argv: Sequence[str]) -> str | None:

@@ -320,16 +320,18 @@ static void plan_name(char out[17], const char *cwd, char **opts, int nopts)
 }
 
 /* Read and check the plan; its fd (kept for S) or -1 (then: the slow path). */
+static char g_plan_path[PATH_MAX];
+
 static int load_plan(struct plan *p, const char *cwd, char **opts, int nopts)
 {
     const char *home = getenv("EXECGATE_HOME"), *user = getenv("HOME");
-    char path[PATH_MAX], name[17];
+    char *path = g_plan_path, name[17];
     plan_name(name, cwd, opts, nopts);
     int len = home && *home ? snprintf(path, sizeof path, "%s/cache/run-plans/%s", home, name)
               : user && *user
                   ? snprintf(path, sizeof path, "%s/.execgate/cache/run-plans/%s", user, name)
                   : -1;
-    if (len < 0 || (size_t)len >= sizeof path)
+    if (len < 0 || (size_t)len >= sizeof g_plan_path)
         return -1;
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0)
@@ -922,7 +924,8 @@ int main(int argc, char **argv)
     /* S's first act is the first exec's decision record: wait for it (EOF on the pipe either
      * way: written, or S is gone), then stop S. */
     char byte;
-    while (read(ack[0], &byte, 1) < 0 && errno == EINTR)
+    ssize_t acked;
+    while ((acked = read(ack[0], &byte, 1)) < 0 && errno == EINTR)
         ;
     if (server_status < 0) {
         kill(server, SIGTERM);
@@ -935,6 +938,13 @@ int main(int argc, char **argv)
     remove_session_dir();
     if (WIFEXITED(server_status) && WEXITSTATUS(server_status) == 3)
         _exit(1); /* S found the plan stale and ended the session (it said so) */
+    if (acked != 1) {
+        /* S died before its first record (broken interpreter, killed): the next run goes the
+         * slow way, which says what is wrong, if anything still is */
+        unlink(g_plan_path);
+        fprintf(stderr, "execgate: warning: the session's server ended before it recorded "
+                        "the first program; the start-up plan was removed\n");
+    }
     if (ending)
         exit_like(SIGTERM);
     if (main_status < 0) {

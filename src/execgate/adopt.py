@@ -86,6 +86,7 @@ def main() -> None:
     start = FrontStart(sys.argv[1:])
     try:
         write_first_record(start)
+        os.write(start.ack_fd, b"1")  # (a server that died before has said nothing)
     finally:
         os.close(start.ack_fd)  # EOF: the front may stop us from now on
     from execgate.cli import entry_with

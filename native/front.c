@@ -327,10 +327,10 @@ static int load_plan(struct plan *p, const char *cwd, char **opts, int nopts)
     const char *home = getenv("EXECGATE_HOME"), *user = getenv("HOME");
     char *path = g_plan_path, name[17];
     plan_name(name, cwd, opts, nopts);
-    int len = home && *home ? snprintf(path, sizeof path, "%s/cache/run-plans/%s", home, name)
-              : user && *user
-                  ? snprintf(path, sizeof path, "%s/.execgate/cache/run-plans/%s", user, name)
-                  : -1;
+    size_t cap = sizeof g_plan_path;
+    int len = home && *home ? snprintf(path, cap, "%s/cache/run-plans/%s", home, name)
+              : user && *user ? snprintf(path, cap, "%s/.execgate/cache/run-plans/%s", user, name)
+                              : -1;
     if (len < 0 || (size_t)len >= sizeof g_plan_path)
         return -1;
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);

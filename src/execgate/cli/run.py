@@ -180,9 +180,12 @@ async def _run(
     try:
         async with reloader.watching():
             options = _plan_options(args)
-            if options is not None:
-                _write_plan(options, config, load, session, cwd)
-            return await _wait(session, command, cwd, ending)
+
+            def plan() -> None:  # once the command runs: not on its way
+                if options is not None:
+                    _write_plan(options, config, load, session, cwd)
+
+            return await _wait(session, command, cwd, ending, plan)
     finally:
         await session.aclose()
         decisions.close()
@@ -422,14 +425,22 @@ class _Ending:
             self._waiting = None  # a signal during the teardown has nothing left to end
 
 
-async def _wait(session: EscalationSession, command: list[str], cwd: str, ending: _Ending) -> int:
-    """Start ``command`` in ``session``; its wait status (or SIGTERM's, when SIGTERM/SIGHUP
-    ended the wait)."""
+async def _wait(
+    session: EscalationSession,
+    command: list[str],
+    cwd: str,
+    ending: _Ending,
+    started: Callable[[], None],
+) -> int:
+    """Start ``command`` in ``session``, call ``started`` (also when it was denied); its wait
+    status (or SIGTERM's, when SIGTERM/SIGHUP ended the wait)."""
     try:
         process = await session.start(command, cwd=cwd, env=os.environ, stdio={0: 0, 1: 1, 2: 2})
     except SessionDenied as denied:
         print(denied.message, file=sys.stderr)
+        started()
         return 126 << 8
+    started()
     return await ending.wait(process)
 
 

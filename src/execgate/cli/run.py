@@ -230,6 +230,12 @@ async def _serve_adopted(
         async with reloader.watching():
             return await ending.wait(await main)
     finally:
+        # The front stops us with SIGTERM once the command is done: from here on we end by
+        # ourselves (a signal while the event loop closes would find its wake-up pipe gone).
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, signal.SIG_IGN)
         await session.aclose()
         if caller.decisions is not None:
             caller.decisions.close()

@@ -347,3 +347,21 @@ def test_as_an_unprivileged_user(unprivileged: Any) -> None:
     assert b"survived" not in third.stdout, third.stderr
     assert third.returncode != 0
     assert not marker.exists()
+
+
+def test_the_first_process_carries_the_gate(warm: World) -> None:
+    """The command the front started is gated like any: a program a rule forbids, exec'd by
+    it, is denied by the interposer and the server (which may still be starting: the request
+    waits in the socket's backlog), in the same session."""
+    rules = warm.execgate_home / "rules"
+    rules.mkdir()
+    (rules / "t.rules").write_text(
+        'prefix_rule(pattern=["cat", "/etc/hostname"], decision="forbidden")\n'
+    )
+    assert run(warm, "dash", "-c", "true")[2] == "slow"  # the rules changed: a fresh plan
+    status, err, path = run(warm, "dash", "-c", "cat /etc/hostname; echo cat=$?")
+    assert (status, path) == (0, "fast"), err
+    assert "execgate: denied: cat /etc/hostname" in err
+    first, second = log_records(warm)[-2:]
+    assert first["session"] == second["session"]
+    assert (second["program"], second["decision"]) == ("/usr/bin/cat", "deny")

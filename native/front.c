@@ -372,11 +372,16 @@ static int load_plan(struct plan *p, const char *cwd, char **opts, int nopts)
 
 /* -- the first program ---------------------------------------------------------------------- */
 
-/* os.path.normpath of an absolute path, in place. */
+/* os.path.normpath of an absolute path, in place (two leading slashes stay two, as POSIX
+ * lets them mean something else and Python keeps them). */
 static void normpath(char *path)
 {
     char *out = path, *in = path;
     size_t len = 0;
+    if (path[0] == '/' && path[1] == '/' && path[2] != '/') {
+        out = path + 1; /* the first slash stays; the rest is normalised after it */
+        in = path + 1;
+    }
     while (*in) {
         while (*in == '/')
             in++;
@@ -407,7 +412,9 @@ static void normpath(char *path)
 static int resolve_command(const char *name, const char *cwd, char *out, size_t cap)
 {
     if (strchr(name, '/')) {
-        if (snprintf(out, cap, "%s/%s", name[0] == '/' ? "" : cwd, name) >= (int)cap)
+        int n = name[0] == '/' ? snprintf(out, cap, "%s", name)
+                               : snprintf(out, cap, "%s/%s", cwd, name);
+        if (n < 0 || n >= (int)cap)
             return -1;
         normpath(out);
         return 0;

@@ -105,6 +105,26 @@ def test_a_repository_swapped_in_after_the_decision_never_runs_outside(
         assert "execgate: not escalated" in text and "claimed 126" in text, text
 
 
+def test_a_folder_made_a_repository_itself_is_not_escalated_from(attacker: Any) -> None:
+    """No race, no forged request: the sandbox copies a repository's HEAD, objects, refs and a
+    config naming `.` its work tree into a folder of the workspace and runs `git status`
+    there. git takes the folder itself for the repository (no `.git` anywhere), and its
+    core.fsmonitor ran outside (found on the merged main). The decision now runs it in place,
+    and says why."""
+    script = _prepare(attacker, "folder") + (
+        "mkdir sub && cp -r gitdir-only/. sub/ && cd sub && git status >/dev/null 2>&1; "
+        'echo "status $?"; echo still working\n'
+    )
+    done = attacker.run(
+        script, mode="workspace-write", options=["--audit", str(attacker.work / "audit.jsonl")]
+    )
+    text = done.stdout.decode()
+    assert "still working" in text, (text, done.stderr)
+    assert not (attacker.outside / "folder").exists(), (text, done.stderr)
+    log = (attacker.work / "audit.jsonl").read_text()
+    assert "it would start in the git repository" in log, log
+
+
 # Renames a prepared repository in and out of `sub/.git` as fast as it can while the session
 # runs `git status` in `sub` over and over: in-process claims (bash's forked children), and
 # claims through the wrapper (a Python process with a second thread).

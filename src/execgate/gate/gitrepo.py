@@ -22,9 +22,11 @@ _MAX_DEPTH = 256
 
 def sandbox_writable_repository(pid: int, cwd: str) -> str | None:
     """The ``.git`` (as the process sees it) of the repository a program started in ``cwd``
-    by process ``pid`` would use, when that process's sandbox can write it or the folder it
-    points to; None when there is none or it is read-only there. A ``.git`` that cannot be
-    examined counts as writable (fail closed)."""
+    by process ``pid`` would use — or the folder itself, when git would take it for a
+    repository — when that process's sandbox can write it or the folder it points to; None
+    when there is none or it is read-only there. A ``.git`` that cannot be examined counts as
+    writable (fail closed). The launcher looks again when the program starts (a repository
+    made after this look is refused there) and pins what git may use (native/gitrepo.h)."""
     root = f"/proc/{pid}/root"
     folder = posixpath.normpath(cwd) if posixpath.isabs(cwd) else "/"
     for _ in range(_MAX_DEPTH):
@@ -38,10 +40,22 @@ def sandbox_writable_repository(pid: int, cwd: str) -> str | None:
                     return dot_git
                 places.append(root + posixpath.normpath(posixpath.join(folder, target)))
             return dot_git if any(_writable_mount(p) for p in places) else None
+        # git also takes the folder itself for a repository (a bare one, or one whose config
+        # names a work tree): HEAD, objects, refs are all it needs, and the sandbox can put them
+        # into any folder it can write
+        if _repository_folder(root + folder) and _writable_mount(root + folder):
+            return folder
         if folder == "/":
             return None
         folder = posixpath.dirname(folder)
     return None
+
+
+def _repository_folder(path: str) -> bool:
+    """Looks like a git directory (looser than git's own test, never stricter)."""
+    return os.path.lexists(posixpath.join(path, "HEAD")) and any(
+        os.path.lexists(posixpath.join(path, name)) for name in ("objects", "commondir")
+    )
 
 
 def _gitfile_target(path: str) -> str | None:

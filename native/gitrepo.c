@@ -1,5 +1,6 @@
 /* The git repository an escalated program would use, judged at the claim (gitrepo.h). */
 #include "gitrepo.h"
+#include "sandbox.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,6 +28,51 @@
 /* GIT_DIR when git must find no repository: a path below a device can never be one. */
 #define NO_REPOSITORY "/dev/null/.git"
 
+/* path + "/" + name into out; 0, or -1 when it does not fit. */
+static int join(char *out, size_t cap, const char *path, const char *name)
+{
+    int n = snprintf(out, cap, "%s%s%s", path, strcmp(path, "/") ? "/" : "", name);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+/* The carve-outs that existed at start-up (gr_remember_carveouts). */
+static struct carveout {
+    dev_t dev;
+    ino_t ino;
+} g_carveouts[256];
+static int g_ncarveouts;
+
+static void remember(const char *path)
+{
+    struct stat st;
+    for (int follow = 0; follow < 2; follow++)
+        if ((follow ? stat(path, &st) : lstat(path, &st)) == 0 &&
+            g_ncarveouts < (int)(sizeof g_carveouts / sizeof *g_carveouts))
+            g_carveouts[g_ncarveouts++] = (struct carveout){st.st_dev, st.st_ino};
+}
+
+void gr_remember_carveouts(const struct sb_config *c)
+{
+    char path[PATH_MAX];
+    for (int i = 0; i < c->writable.n; i++)
+        for (int j = 0; j < c->protect.n; j++)
+            if (join(path, sizeof path, c->writable.v[i], c->protect.v[j]) == 0)
+                remember(path);
+    for (int i = 0; i < c->readonly.n; i++)
+        remember(c->readonly.v[i]);
+}
+
+static int remembered(int fd)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return 0;
+    for (int i = 0; i < g_ncarveouts; i++)
+        if (g_carveouts[i].dev == st.st_dev && g_carveouts[i].ino == st.st_ino)
+            return 1;
+    return 0;
+}
+
 /* Open path (absolute) inside the claimer's root, as its processes would resolve it: absolute
  * symlinks and ".." stay inside that root. `folders_only`: no symlink at all on the way (a
  * folder of the working directory's path that became a link was swapped after the decision).
@@ -50,12 +96,6 @@ static int writable_fd(int fd)
     return fstatvfs(fd, &s) < 0 || !(s.f_flag & ST_RDONLY);
 }
 
-/* path + "/" + name into out; 0, or -1 when it does not fit. */
-static int join(char *out, size_t cap, const char *path, const char *name)
-{
-    int n = snprintf(out, cap, "%s%s%s", path, strcmp(path, "/") ? "/" : "", name);
-    return n < 0 || (size_t)n >= cap ? -1 : 0;
-}
 
 /* Read up to cap-1 bytes of the file at fd (an O_PATH descriptor) into buf. Length or -1. */
 static ssize_t read_small(int fd, char *buf, size_t cap)
@@ -162,7 +202,10 @@ static int walk(int root, const char *cwd, char *dot_git, char *first, int *ance
             if (!first[0])
                 snprintf(first, PATH_MAX, "%s", path);
             int git = open_in(root, path, 0);
-            int bad = git < 0 || (S_ISLNK(st.st_mode) && w) || writable_fd(git);
+            /* read-only in a folder the claimer can write: a carve-out, which the sandbox may
+             * have made itself before the spawn that made it read-only */
+            int bad = git < 0 || (S_ISLNK(st.st_mode) && w) || writable_fd(git) ||
+                      (w && !remembered(git));
             struct stat target;
             if (!bad && fstat(git, &target) == 0 && S_ISREG(target.st_mode))
                 bad = gitfile_target_writable(root, git, folder);

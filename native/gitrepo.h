@@ -38,6 +38,15 @@ struct gr_found {
                                       * or none) */
 };
 
+struct sb_config;
+
+/* Remember the read-only carve-outs that exist now, before the session's first sandboxed
+ * program runs: every <writable root>/<protected name> and every --readonly path, by (dev, ino).
+ * Protected names are looked up at each spawn, so a `.git` the session's sandbox made is
+ * read-only in the next sandbox: a read-only `.git` in a folder the claimer can write is
+ * trusted only if it is one of these. Call once, at start-up. */
+void gr_remember_carveouts(const struct sb_config *c);
+
 /* Judge the claim on connected claim socket `sock` from process `peer` (SO_PEERCRED), whose
  * program would start in `cwd` (absolute, as the asking process saw it). A claimer in the
  * launcher's own mount namespace (an escalated program, a session without sandbox) is GR_AS_IS,

@@ -1701,6 +1701,8 @@ int main(int argc, char **argv)
     }
     g_control = (int)control;
     fcntl(g_control, F_SETFD, FD_CLOEXEC);
+    if (g_sandbox.mode != SB_OFF)
+        gr_remember_carveouts(&g_sandbox); /* before anything of the session runs */
     if (claim >= 0) {
         int listening = 0;
         socklen_t ln = sizeof listening;

@@ -193,3 +193,31 @@ def test_an_escalation_below_a_protected_repository_uses_that_repository(attacke
     assert "still working" in text, (text, done.stderr)
     assert "sub status 0" in text and (out / "legit").exists(), (text, done.stderr)
     assert "plain status 128" in text, (text, done.stderr)
+
+
+def test_a_repository_made_in_one_sandbox_is_not_trusted_in_the_next(attacker: Any) -> None:
+    """`.git` in a writable root is read-only in every sandbox spawned after it exists — also
+    when the session's own sandbox made it. The session's shell makes one with a
+    core.fsmonitor and runs `git status`: in place (the shell's sandbox can write that
+    `.git`), but git is rule-named, so in place is a confined claim: a fresh sandbox, where
+    that `.git` is read-only. Its fsmonitor ran there and asked for `/usr/bin/git status`
+    again, which was escalated and ran the fsmonitor outside (found on the merged main). The
+    launcher now trusts a read-only `.git` in a folder the sandbox can write only if it was
+    there when the session started."""
+    out, work = attacker.outside, attacker.work
+    attacker.write_rules('prefix_rule(["git", "status"], "allow")\n')
+    hook = (
+        f"touch {out}/second 2>/dev/null && exit 1; [ -e {work}/once ] && exit 1; "
+        f"touch {work}/once; /usr/bin/git status >/dev/null 2>&1; false"
+    )
+    script = f"""
+        export GIT_CONFIG_NOSYSTEM=1 HOME={work}
+        git init -q prep && cp -r prep/.git .git
+        printf '[core]\\n\\tfsmonitor = "{hook}"\\n' >> .git/config
+        git status >/dev/null 2>&1; echo "status $?"; echo still working
+    """
+    done = attacker.run(script, mode="workspace-write", options=["--audit", str(work / "a.jsonl")])
+    text = done.stdout.decode()
+    assert "still working" in text, (text, done.stderr)
+    assert (work / "once").exists(), text  # the fsmonitor ran in the fresh sandbox and asked
+    assert not (out / "second").exists(), (text, done.stderr)

@@ -51,9 +51,34 @@ static void remember(const char *path)
             g_carveouts[g_ncarveouts++] = (struct carveout){st.st_dev, st.st_ino};
 }
 
+static int g_known; /* --known-carveouts was given: nothing else is remembered */
+
+int gr_known_carveouts(const char *list)
+{
+    g_known = 1;
+    for (const char *p = list; *p;) {
+        char *end;
+        errno = 0;
+        unsigned long long dev = strtoull(p, &end, 10);
+        if (errno || end == p || *end != ':')
+            return -1;
+        p = end + 1;
+        unsigned long long ino = strtoull(p, &end, 10);
+        if (errno || end == p || (*end && *end != ','))
+            return -1;
+        if (g_ncarveouts == (int)(sizeof g_carveouts / sizeof *g_carveouts))
+            return -1;
+        g_carveouts[g_ncarveouts++] = (struct carveout){(dev_t)dev, (ino_t)ino};
+        p = *end ? end + 1 : end;
+    }
+    return 0;
+}
+
 void gr_remember_carveouts(const struct sb_config *c)
 {
     char path[PATH_MAX];
+    if (g_known)
+        return;
     for (int i = 0; i < c->writable.n; i++)
         for (int j = 0; j < c->protect.n; j++)
             if (join(path, sizeof path, c->writable.v[i], c->protect.v[j]) == 0)

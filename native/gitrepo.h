@@ -47,6 +47,11 @@ struct sb_config;
  * trusted only if it is one of these. Call once, at start-up. */
 void gr_remember_carveouts(const struct sb_config *c);
 
+/* `--known-carveouts LIST` (comma-separated DEV:INO, possibly empty): the carve-outs the front
+ * end remembered when it started (an MCP server opens a session per call, after earlier calls
+ * may have made a `.git`), used instead of gr_remember_carveouts. 0, or -1 when malformed. */
+int gr_known_carveouts(const char *list);
+
 /* Judge the claim on connected claim socket `sock` from process `peer` (SO_PEERCRED), whose
  * program would start in `cwd` (absolute, as the asking process saw it). A claimer in the
  * launcher's own mount namespace (an escalated program, a session without sandbox) is GR_AS_IS,

@@ -1642,6 +1642,7 @@ static int control_step(void)
 static void usage(void)
 {
     note("usage: execgate-launch --control FD [--claim-fd FD] [--terminal FD] "
+         "[--known-carveouts DEV:INO,...] "
          "[--sandbox read-only|workspace-write|off] "
          "[--writable DIR]... [--readonly PATH]... [--protect NAME]... [--hide DIR]... "
          "[--network] [--proxy-port N --proxy-report-fd FD] [--strict-exec] [--exec-dir PATH]...\n"
@@ -1685,6 +1686,11 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--claim-fd") && i + 1 < argc) {
             if (parse_fd("--claim-fd", argv[++i], &claim) < 0)
                 return 2;
+        } else if (!strcmp(argv[i], "--known-carveouts") && i + 1 < argc) {
+            if (gr_known_carveouts(argv[++i]) < 0) {
+                note("--known-carveouts: bad list '%s'", argv[i]);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--terminal") && i + 1 < argc) {
             if (parse_fd("--terminal", argv[++i], &terminal) < 0)
                 return 2;

@@ -11,12 +11,14 @@ an unconfined process can write.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from mcpharness import payload, shell_args
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -221,3 +223,31 @@ def test_a_repository_made_in_one_sandbox_is_not_trusted_in_the_next(attacker: A
     assert "still working" in text, (text, done.stderr)
     assert (work / "once").exists(), text  # the fsmonitor ran in the fresh sandbox and asked
     assert not (out / "second").exists(), (text, done.stderr)
+
+
+@pytest.mark.parametrize("world", ["root", "unprivileged"], indirect=True)
+def test_mcp_a_repository_made_by_one_call_is_not_trusted_by_the_next(world: Any) -> None:
+    """Each MCP call is a session of its own, whose sandbox sees the `.git` an earlier call
+    made as read-only: call 1 makes one with a core.fsmonitor, call 2 runs an allowed
+    `git status`."""
+    m = world.mcp
+    m.write_rules(m.rules.read_text() + 'prefix_rule(["git", "status"], "allow")\n')
+    make = (
+        f"export GIT_CONFIG_NOSYSTEM=1 HOME={m.work}; git init -q prep && cp -r prep/.git .git"
+        f" && printf '[core]\\n\\tfsmonitor = \"touch {m.outside}/call; false\"\\n' >> .git/config"
+        " && echo made"
+    )
+    status = f"export GIT_CONFIG_NOSYSTEM=1 HOME={m.work}; git status >/dev/null; echo status=$?"
+
+    async def scenario() -> list[str]:
+        outputs = []
+        ws = ("--sandbox", "workspace-write", "--exclude-tmp", "--exclude-tmpdir")
+        async with world.client(*ws, "--workspace", str(m.work)) as client:
+            for command in (make, status):
+                result = await client.call_tool("shell", shell_args(m, command))
+                outputs.append(str(payload(result)["output"]))
+        return outputs
+
+    outputs = asyncio.run(scenario())
+    assert "made" in outputs[0] and "status=" in outputs[1], outputs
+    assert not (m.outside / "call").exists(), outputs

@@ -12,6 +12,7 @@ an unconfined process can write.
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -223,6 +224,11 @@ def test_a_repository_made_in_one_sandbox_is_not_trusted_in_the_next(attacker: A
     assert "still working" in text, (text, done.stderr)
     assert (work / "once").exists(), text  # the fsmonitor ran in the fresh sandbox and asked
     assert not (out / "second").exists(), (text, done.stderr)
+    # and the server said so when it decided (it knows the .git folders of the start too)
+    decisions = [json.loads(line) for line in (work / "a.jsonl").read_text().splitlines()]
+    statuses = [d for d in decisions if d.get("argv", [])[1:] == ["status"]]
+    assert len(statuses) == 2 and all(d["decision"] == "run" for d in statuses), statuses
+    assert all("it would start in the git repository" in d["reason"] for d in statuses), statuses
 
 
 @pytest.mark.parametrize("world", ["root", "unprivileged"], indirect=True)

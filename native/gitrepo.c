@@ -259,6 +259,12 @@ static int walk(int root, const char *cwd, char *dot_git, char *first, int *ance
     }
 }
 
+/* The process behind pidfd still runs (so /proc/PID was it); no pidfd: assumed. */
+static int alive(int pidfd)
+{
+    return pidfd < 0 || syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0;
+}
+
 enum gr_outcome gr_examine_claim(int sock, pid_t peer, const char *cwd, struct gr_found *out)
 {
     char path[64];
@@ -276,7 +282,8 @@ enum gr_outcome gr_examine_claim(int sock, pid_t peer, const char *cwd, struct g
     if (stat("/proc/self/ns/mnt", &mine) < 0 || stat(path, &theirs) < 0)
         goto done;
     if (mine.st_dev == theirs.st_dev && mine.st_ino == theirs.st_ino) {
-        outcome = GR_AS_IS; /* not in a sandbox */
+        if (alive(pidfd)) /* (not another process that got its pid meanwhile) */
+            outcome = GR_AS_IS; /* not in a sandbox */
         goto done;
     }
     snprintf(path, sizeof path, "/proc/%d/root", (int)peer);
@@ -292,8 +299,7 @@ enum gr_outcome gr_examine_claim(int sock, pid_t peer, const char *cwd, struct g
             out->dot_git[0] = '\0';
         goto done;
     }
-    /* Still the process that connected: its root was the one examined. */
-    if (pidfd >= 0 && syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) < 0)
+    if (!alive(pidfd)) /* its root was the one examined only if it is still there */
         goto done;
     if (!ancestors_writable && (!cwd_writable || cwd_repository)) {
         outcome = GR_AS_IS; /* nothing on git's way can change any more */

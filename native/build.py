@@ -29,7 +29,10 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
     # static: no dynamic loader and no preloaded interposer in the wrapper itself, which every
     # escalation and every patched-shell exec starts
     "execgate-wrapper": (["wrapper.c", "gate.c", "claim.c", "common.c"], ["-static"]),
-    "execgate-launch": (["launch.c", "sandbox.c", "netns.c", "tree.c", "common.c"], []),
+    "execgate-launch": (
+        ["launch.c", "gitrepo.c", "sandbox.c", "netns.c", "tree.c", "common.c"],
+        [],
+    ),
     # the native front of `execgate run` (docs/protocol.md §8): the interposer's snapshot check
     "execgate-run": (["front.c", "gate.c", "claim.c", "tree.c", "common.c"], []),
 }

@@ -621,9 +621,10 @@ static char **command_env(const char *const gate[6], const char *interposer)
     return env;
 }
 
-/* The first `spawn` (protocol §7): the command with flags main,last on our stdio. */
-static int send_first_spawn(int control, const char *program, const char *cwd, char **argv,
-                            char **env)
+/* The first `spawn` (protocol §7): the command with flags main,last,execfd on our stdio,
+ * executing progfd (the file the snapshot check judged; program only names it). */
+static int send_first_spawn(int control, const char *program, int progfd, const char *cwd,
+                            char **argv, char **env)
 {
     size_t need = 256 + strlen(program) + strlen(cwd);
     int argc = 0, envc = 0;
@@ -639,7 +640,7 @@ static int send_first_spawn(int control, const char *program, const char *cwd, c
     eg_put(&b, EG_TAG);
     eg_put(&b, "spawn");
     eg_put_long(&b, MAIN_SPAWN_ID);
-    eg_put(&b, "main,last");
+    eg_put(&b, "main,last,execfd");
     eg_put_long(&b, -1);
     eg_put(&b, cwd);
     eg_put(&b, program);
@@ -652,8 +653,8 @@ static int send_first_spawn(int control, const char *program, const char *cwd, c
     eg_put_long(&b, envc);
     for (int i = 0; i < envc; i++)
         eg_put(&b, env[i]);
-    int fds[3] = {0, 1, 2};
-    int r = eg_send_frame(control, &b, fds, 3);
+    int fds[4] = {0, 1, 2, progfd};
+    int r = eg_send_frame(control, &b, fds, 4);
     free(mem);
     return r;
 }
@@ -730,8 +731,10 @@ int main(int argc, char **argv)
     static char program[PATH_MAX], real[PATH_MAX];
     if (resolve_command(cmd[0], cwd, program, sizeof program) < 0)
         slow_path(); /* "command not found" is the slow path's to say */
+    int progfd = -1; /* what runs is this descriptor, the file judged (spawn flag execfd) */
     if (eg_snapshot_verdict(plan.snap, plan.snap_len, cwd, program, plan.wrapper, real,
-                            sizeof real) != 0)
+                            sizeof real, &progfd) != 0 ||
+        progfd < 0)
         slow_path(); /* it must ask (or cannot run): the server decides */
 
     /* The command's Ctrl-C and Ctrl-\ are its own; SIGTERM/SIGHUP end the session. */
@@ -851,6 +854,28 @@ int main(int argc, char **argv)
     close(gate); /* S's alone: if S dies, every exec is denied ("the server is gone") */
     close(plan_fd);
 
+    /* Nothing runs before its decision is recorded: S's first act is the record (the command
+     * could kill S at once, and a program that ran would have none). Until then nothing has
+     * started: a server that died first leaves the command to the slow path. */
+    char byte;
+    ssize_t acked;
+    while ((acked = read(ack[0], &byte, 1)) < 0 && errno == EINTR)
+        ;
+    if (acked != 1) {
+        if (launcher > 0)
+            kill(launcher, SIGKILL); /* it spawned nothing */
+        kill(server, SIGKILL);
+        while (waitpid(-1, NULL, __WALL) > 0 || errno == EINTR)
+            ;
+        remove_session_dir();
+        unlink(g_plan_path);
+        sigprocmask(SIG_UNBLOCK, &set, NULL);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGQUIT, SIG_DFL);
+        prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+        slow_path();
+    }
+
     int main_status = -1, ending = 0;
     if (launcher > 0) {
         char snap_env[64];
@@ -864,13 +889,14 @@ int main(int argc, char **argv)
             joined("BASH_EXEC_WRAPPER=", plan.wrapper), snap_env,
         };
         char **env = command_env(gate_env, plan.interposer);
-        if (!env || send_first_spawn(ctl[0], program, cwd, cmd, env) < 0) {
+        if (!env || send_first_spawn(ctl[0], program, progfd, cwd, cmd, env) < 0) {
             fprintf(stderr, "execgate: error: cannot start the session's command\n");
             kill(launcher, SIGTERM);
         }
     }
     close(ctl[0]); /* S's now */
     close(snap_fd);
+    close(progfd);
 
     /* Wait for L: the command and everything it left. */
     int launcher_status = -1, server_status = -1;
@@ -928,12 +954,7 @@ int main(int argc, char **argv)
             usleep(1000);
         }
     }
-    /* S's first act is the first exec's decision record: wait for it (EOF on the pipe either
-     * way: written, or S is gone), then stop S. */
-    char byte;
-    ssize_t acked;
-    while ((acked = read(ack[0], &byte, 1)) < 0 && errno == EINTR)
-        ;
+    /* then stop S (its record was written before anything ran) */
     if (server_status < 0) {
         kill(server, SIGTERM);
         while (waitpid(server, &server_status, __WALL) < 0 && errno == EINTR)
@@ -945,13 +966,7 @@ int main(int argc, char **argv)
     remove_session_dir();
     if (WIFEXITED(server_status) && WEXITSTATUS(server_status) == 3)
         _exit(1); /* S found the plan stale and ended the session (it said so) */
-    if (acked != 1) {
-        /* S died before its first record (broken interpreter, killed): the next run goes the
-         * slow way, which says what is wrong, if anything still is */
-        unlink(g_plan_path);
-        fprintf(stderr, "execgate: warning: the session's server ended before it recorded "
-                        "the first program; the start-up plan was removed\n");
-    }
+
     if (ending)
         exit_like(SIGTERM);
     if (main_status < 0) {

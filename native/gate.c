@@ -1628,7 +1628,7 @@ int eg_gate(struct eg_call *c, eg_run_fn run, void *ctx)
 /* ---------------------------------------------------------------- the front's first program */
 
 int eg_snapshot_verdict(const void *snap, size_t len, const char *cwd, const char *path,
-                        const char *wrapper, char *real, size_t real_cap)
+                        const char *wrapper, char *real, size_t real_cap, int *fd_out)
 {
     struct prog p;
     int err = prog_open(&p, cwd, AT_FDCWD, path, -1, 0);
@@ -1647,6 +1647,10 @@ int eg_snapshot_verdict(const void *snap, size_t len, const char *cwd, const cha
     }
     memcpy(real, p.real, n);
     real[n] = '\0';
+    if (!ask && fd_out && p.own_fd) { /* the very file judged, for the caller to execute */
+        *fd_out = p.fd;
+        p.own_fd = 0;
+    }
     prog_close(&p);
     return ask;
 }

@@ -224,13 +224,6 @@ def _rewrite_after_first_read(path: Path, text: str) -> Any:
 
 
 @needs_front
-@pytest.mark.xfail(
-    strict=False,  # shown by a race the watcher may lose on a loaded machine
-    reason="open (front branch): cli/run.py's _write_plan lists the inputs' identities when it "
-    "writes the plan, after the session opened, not when the policy was read; the plan pairs the "
-    "edited file with the old rules' snapshot, the front follows it and `marker` runs before "
-    "the server finds the snapshot differs (see the report)",
-)
 def test_rules_edited_while_the_slow_path_opens_never_make_a_stale_plan(attacker: Any) -> None:
     """The user tightens a rules file while a run is starting (after its policy was read,
     before the plan is written): the plan must not pair the new file's identity with the old

@@ -183,7 +183,16 @@ async def _run(
 
             def plan() -> None:  # once the command runs: not on its way
                 if options is not None:
-                    _write_plan(options, config, load, session, cwd)
+                    _write_plan(options, config, load, session, cwd, lambda: fresh(source))
+
+            def fresh(source: PolicySource) -> bytes:
+                """The snapshot of the policy as the files are now."""
+                again = GatePolicy(
+                    source.load(),
+                    search_path=os.environ.get("PATH", os.defpath),
+                    skills=skill_scripts(config),
+                )
+                return again.live.snapshot
 
             return await _wait(session, command, cwd, ending, plan)
     finally:
@@ -330,10 +339,17 @@ def _write_plan(
     load: LoadedPolicy,
     session: EscalationSession,
     cwd: str,
+    fresh_snapshot: Callable[[], bytes],
 ) -> None:
     """Write the start-up plan of this run for the native front, when one can cover it
     (no sandbox, no proxy, no OTLP export, requirements from files, a policy that does not
-    fail closed); else remove a plan left from before."""
+    fail closed); else remove a plan left from before.
+
+    The inputs' identities are taken after the policy was read: a file changed in between
+    would pair its new identity with the old policy's snapshot. So the policy is read once
+    more after the identities were taken, and the plan is written only when that gives the
+    snapshot the session has (a change after the identities makes the plan stale)."""
+    snapshot = session.live.snapshot
     from execgate.decisionlog.otel import settings_from
 
     target = runplan.plan_path(cwd, options)
@@ -367,7 +383,7 @@ def _write_plan(
             cwd=cwd,
             options=options,
             inputs=inputs,
-            snapshot=session.live.snapshot,
+            snapshot=snapshot,
             sessions=session.dir.parent,
             log=(log, config.log.max_bytes, config.log.keep) if log else None,
             sandbox=session.sandbox_text,
@@ -375,8 +391,10 @@ def _write_plan(
             if session.launcher.sandbox
             else [],
         )
+        if fresh_snapshot() != snapshot:
+            raise runplan.Unplannable("the policy changed while the plan was made")
         runplan.write(target, text)
-    except (runplan.Unplannable, OSError):
+    except (runplan.Unplannable, OSError, ExecgateError):
         with contextlib.suppress(OSError):
             target.unlink()
 

@@ -31,6 +31,7 @@
 #include "gate.h"
 #include "tree.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -519,6 +520,47 @@ static int make_session_dir(const char *base)
     return write_owner();
 }
 
+/* Remove the session folders under base whose owner ("PID STARTTIME") is gone, as
+ * gate/session.py's remove_stale_session_dirs does: a front or server killed with SIGKILL
+ * leaves its folder to the next session. A folder naming no owner, or a live one, stays. */
+static void sweep_stale_session_dirs(const char *base)
+{
+    char prefix[48];
+    int plen = snprintf(prefix, sizeof prefix, "execgate-%d-", (int)getuid());
+    DIR *d = opendir(base);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, prefix, (size_t)plen) != 0)
+            continue;
+        char path[PATH_MAX + 64], owner[PATH_MAX + 80], line[64];
+        snprintf(path, sizeof path, "%s/%s", base, e->d_name);
+        if (!strcmp(path, g_dir))
+            continue;
+        struct stat st;
+        if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid())
+            continue;
+        snprintf(owner, sizeof owner, "%s/owner", path);
+        int fd = open(owner, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0)
+            continue;
+        ssize_t n = read(fd, line, sizeof line - 1);
+        close(fd);
+        if (n <= 0)
+            continue;
+        line[n] = '\0';
+        long long pid;
+        unsigned long long start, now = 0;
+        if (sscanf(line, "%lld %llu", &pid, &start) != 2 || pid <= 0)
+            continue;
+        if (eg_read_stat((pid_t)pid, NULL, &now) == 0 && now == start)
+            continue; /* its owner is alive */
+        nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    }
+    closedir(d);
+}
+
 static int random_hex(char *out, size_t bytes)
 {
     unsigned char raw[32];
@@ -897,6 +939,7 @@ int main(int argc, char **argv)
     close(ctl[0]); /* S's now */
     close(snap_fd);
     close(progfd);
+    sweep_stale_session_dirs(plan.sessions); /* while the command runs */
 
     /* Wait for L: the command and everything it left. */
     int launcher_status = -1, server_status = -1;

@@ -96,7 +96,7 @@ const char *eg_getenv(char *const *envp, const char *name)
         return NULL;
     size_t n = strlen(name);
     for (; *envp; envp++)
-        if (strncmp(*envp, name, n) == 0 && (*envp)[n] == '=')
+        if ((*envp)[0] == name[0] && strncmp(*envp, name, n) == 0 && (*envp)[n] == '=')
             return *envp + n + 1;
     return NULL;
 }
@@ -377,9 +377,13 @@ static const char *const proxy_names[] = {
 _Static_assert(8 + N_PROXY_NAMES <= sizeof eg_sess.env / sizeof eg_sess.env[0],
                "room for the re-added entries");
 
+/* Whether e is "NAME=..." for one of names. Every exec runs this for every entry of its
+ * environment against every name: the first byte rules out nearly all of them. */
 static int names_entry(const char *e, const char *const *names, size_t count)
 {
     for (size_t i = 0; i < count; i++) {
+        if (e[0] != names[i][0])
+            continue;
         size_t n = strlen(names[i]);
         if (strncmp(e, names[i], n) == 0 && e[n] == '=')
             return 1;
@@ -538,7 +542,7 @@ static size_t env_scan(char *const *envp, const char **preload)
     if (envp)
         for (char *const *e = envp; *e; e++) {
             count++;
-            if (strncmp(*e, "LD_PRELOAD=", 11) == 0)
+            if ((*e)[0] == 'L' && strncmp(*e, "LD_PRELOAD=", 11) == 0)
                 *preload = *e + 11;
         }
     return count;

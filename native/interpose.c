@@ -26,6 +26,7 @@
  * wrapper asks and executes by descriptor (docs/protocol.md §3).
  */
 #include <dlfcn.h>
+#include <link.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -34,7 +35,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/auxv.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -88,12 +88,13 @@ static void forked_child(void) { own_pid = eg_sys_getpid(); }
 
 /* After an exec by descriptor (execveat AT_EMPTY_PATH, or posix_spawn of /proc/self/fd/N) older
  * kernels name the process after the descriptor number; give it back the name an exec by path
- * would have given: the basename of the program as invoked (argv[0]). */
+ * would have given: the basename of the program as invoked (argv[0]). Every exec in a session
+ * is by descriptor, so an all-digit name is taken to be one (asking the loader how this process
+ * was exec'd, getauxval(AT_EXECFN), would cost a libc page and a symbol lookup in every
+ * process); a program that is really named with digits only keeps its name when argv[0] says
+ * the same. */
 static void restore_comm(char **argv)
 {
-    const char *fn = (const char *)getauxval(AT_EXECFN);
-    if (!fn || (strncmp(fn, "/dev/fd/", 8) != 0 && strncmp(fn, "/proc/self/fd/", 14) != 0))
-        return;
     char comm[17] = {0};
     if (eg_sys_prctl(PR_GET_NAME, (unsigned long)comm, 0) != 0 || !comm[0])
         return;
@@ -107,15 +108,25 @@ static void restore_comm(char **argv)
     }
 }
 
+/* This library's own path, as the dynamic loader loaded it: the entry of the loader's list of
+ * objects (<link.h>'s r_debug, the debuggers' interface) whose dynamic section is ours. Read
+ * without dladdr: no libc call, no loader lock, no symbol bound at load (the constructor runs
+ * single-threaded at start-up, or inside the dlopen that holds the loader's lock). */
+extern ElfW(Dyn) _DYNAMIC[] __attribute__((visibility("hidden")));
+
+static const char *own_path(void)
+{
+    for (const struct link_map *m = _r_debug.r_map; m; m = m->l_next)
+        if (m->l_ld == _DYNAMIC)
+            return m->l_name && m->l_name[0] == '/' ? m->l_name : NULL;
+    return NULL;
+}
+
 __attribute__((constructor)) static void execgate_init(int argc, char **argv, char **envp)
 {
     own_pid = eg_sys_getpid();
     pthread_atfork(NULL, NULL, forked_child);
-    Dl_info info;
-    const char *self = NULL;
-    if (dladdr((void *)execgate_init, &info) && info.dli_fname && info.dli_fname[0] == '/')
-        self = info.dli_fname;
-    eg_session_load(envp ? envp : environ, self);
+    eg_session_load(envp ? envp : environ, own_path());
     restore_comm(argv);
 }
 

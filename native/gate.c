@@ -618,17 +618,20 @@ struct prog {
     unsigned long long size; /* st_size: a copy of a rule-named file has its size (§6) */
     char *abs;          /* PATH */
     char *real;         /* REALPATH, "" if unknown */
-    /* A #! script: level k's line names iname[k] (argument iarg[k]), opened as ifd[k]; the
-     * last one is what the kernel would finally run, and what we execute. Level 0 is parsed
-     * by classify(), the rest by open_chain() (only once the script must be asked about). */
     int ninterp;
     int ifd[EG_MAX_INTERP];
+    /* The layout keeps what every exec writes (the fields above and the start of names: two
+     * short paths) together and what only scripts use last: each stack page first written in
+     * a just-forked child is a page fault. */
+    char names[2 * EG_PATH]; /* real, then abs right after it */
+    /* A #! script (only read when kind is K_SCRIPT): level k's line names iname[k] (argument
+     * iarg[k]), opened as ifd[k]; the last one is what the kernel would finally run, and what
+     * we execute. Level 0 is parsed by classify(), the rest by open_chain() (only once the
+     * script must be asked about). script_name: what binfmt_script would give the interpreter
+     * as the script's name. */
     char iname[EG_MAX_INTERP][256];
     char iarg[EG_MAX_INTERP][256];
-    /* real, then abs right after it; last, so that what the hot path writes (the fields above,
-     * level 0 of the #! line, two short paths) shares as few stack pages as possible: each
-     * page first written in a just-forked child is a page fault */
-    char names[2 * EG_PATH];
+    char script_name[EG_PATH + 32];
 };
 
 static void fd_link(char *out, int fd)
@@ -722,7 +725,6 @@ static void classify(struct prog *p, int readfd)
 {
     char buf[256];
     ssize_t n = read_head(readfd, buf);
-    p->iname[0][0] = p->iarg[0][0] = '\0';
     if (n < 0) {
         p->kind = K_OPAQUE;
         return;
@@ -785,6 +787,14 @@ static int join(char *out, const char *dir, const char *rel)
     return 0;
 }
 
+/* Join the folder open as dirfd + "/" + rel into out; 0 or -1. noinline: its buffer stays out of
+ * the hot path's frame (see struct prog). */
+__attribute__((noinline)) static int join_at(char *out, int dirfd, const char *rel)
+{
+    char dir[EG_PATH];
+    return read_link(dirfd, dir, sizeof dir) < 0 || join(out, dir, rel) < 0 ? -1 : 0;
+}
+
 /* Open the program as the kernel would find it. 0 or an errno the kernel would give. */
 static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *path, int fd_in,
                      int atflags)
@@ -798,7 +808,7 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
     p->nlink = 0;
     p->size = 0;
     p->real = p->abs = p->names; /* abs is moved next to real once real is known */
-    p->real[0] = p->iname[0][0] = p->iarg[0][0] = '\0';
+    p->real[0] = '\0';
     p->ninterp = 0;
 
     if (!path || (!*path && (atflags & AT_EMPTY_PATH))) {
@@ -883,10 +893,8 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
     } else if (dirfd == AT_FDCWD) {
         if (!cwd[0] || join(p->abs, cwd, path) < 0)
             memcpy(p->abs, path, plen + 1);
-    } else {
-        char dir[EG_PATH];
-        if (read_link(dirfd, dir, sizeof dir) < 0 || join(p->abs, dir, path) < 0)
-            memcpy(p->abs, path, plen + 1);
+    } else if (join_at(p->abs, dirfd, path) < 0) {
+        memcpy(p->abs, path, plen + 1);
     }
     return 0;
 }
@@ -1315,6 +1323,20 @@ static const char *get_cwd(struct work *w)
 
 #define STACK_MAX (64 * 1024)
 
+/* noinline: its buffer stays out of attempt's frame (see struct prog) */
+__attribute__((noinline)) static void deny_no_wrapper(char *const *argv, const char *path, int err)
+{
+    char detail[EG_PATH + 64];
+    struct sb s = {detail, 0, sizeof detail};
+    detail[0] = '\0';
+    sb_str(&s, " (");
+    sb_str(&s, eg_sess.wrapper);
+    sb_str(&s, ": ");
+    sb_str(&s, eg_strerror(err));
+    sb_str(&s, ")");
+    eg_deny_line(argv, path, "cannot start the execgate wrapper", detail);
+}
+
 /* The file the server denied last in this process (pid 0: none). */
 static struct {
     pid_t pid;
@@ -1383,7 +1405,7 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
     }
 
     /* A script: what binfmt_script would give its interpreter as the script's name. */
-    char script_name[EG_PATH + 32];
+    char *script_name = p.script_name;
     if (p.kind == K_SCRIPT) {
         int named_by = -1;
         if (!path || !*path)
@@ -1396,7 +1418,7 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
                 prog_close(&p);
                 return ENOENT;
             }
-            struct sb s = {script_name, 0, sizeof script_name};
+            struct sb s = {script_name, 0, sizeof p.script_name};
             char num[24];
             num[eg_fmt_long(num, named_by)] = '\0';
             sb_str(&s, "/dev/fd/");
@@ -1407,7 +1429,7 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
             }
         } else {
             size_t n = strlen(path);
-            if (n >= sizeof script_name) {
+            if (n >= sizeof p.script_name) {
                 prog_close(&p);
                 return ENAMETOOLONG;
             }
@@ -1488,15 +1510,7 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
         plan.argv = argv_copy;
         err = run(ctx, &plan);
         if (err) {
-            char detail[EG_PATH + 64];
-            struct sb s = {detail, 0, sizeof detail};
-            detail[0] = '\0';
-            sb_str(&s, " (");
-            sb_str(&s, eg_sess.wrapper);
-            sb_str(&s, ": ");
-            sb_str(&s, eg_strerror(err));
-            sb_str(&s, ")");
-            eg_deny_line(argv, p.abs, "cannot start the execgate wrapper", detail);
+            deny_no_wrapper(argv, p.abs, err);
             c->denied = 1;
             err = EACCES;
         }
@@ -1546,7 +1560,9 @@ static int sh_fallback(struct eg_call *c, struct work *w, const char *file, char
     return r;
 }
 
-static int search(struct eg_call *c, struct work *w, eg_run_fn run, void *ctx)
+/* noinline: its candidate buffer stays out of eg_gate's frame (see struct prog) */
+__attribute__((noinline)) static int search(struct eg_call *c, struct work *w, eg_run_fn run,
+                                            void *ctx)
 {
     const char *file = c->path;
     size_t flen = strlen(file);

@@ -27,6 +27,7 @@
  */
 #include <dlfcn.h>
 #include <link.h>
+#include <linux/kcmp.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -35,7 +36,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -77,12 +77,9 @@ static spawn_fn real_posix_spawn(void)
 
 static pclose_fn real_pclose(void) { return (pclose_fn)real_fn((void **)&real_pclose_fn, "pclose"); }
 
-/* The pid of this process as of its start or its fork(): a process whose getpid() differs is a
- * vfork child (glibc runs atfork handlers for fork(), not for vfork() or posix_spawn's clone),
- * or was made by a raw clone. */
+/* The pid of this process as of its start: a process whose getpid() differs is a child that
+ * did not exec (fork, vfork, posix_spawn's or a raw clone). */
 static pid_t own_pid;
-
-static void forked_child(void) { own_pid = eg_sys_getpid(); }
 
 /* ---------------------------------------------------------------- load */
 
@@ -125,7 +122,6 @@ static const char *own_path(void)
 __attribute__((constructor)) static void execgate_init(int argc, char **argv, char **envp)
 {
     own_pid = eg_sys_getpid();
-    pthread_atfork(NULL, NULL, forked_child);
     eg_session_load(envp ? envp : environ, own_path());
     restore_comm(argv);
 }
@@ -140,12 +136,18 @@ static inline const void *launder(const void *p)
     return p;
 }
 
-/* May this exec turn the process into the claim itself? Not in a vfork child (or anything but
- * the process we started as or forked into), and not with other threads: an exec would have
- * ended them, a claim would let them run on (/proc/self/task has 2 + threads links). */
+/* May this exec turn the process into the claim itself? Not in a process that shares its memory
+ * with its parent (a vfork child, whose parent is suspended until the exec; a CLONE_VM clone),
+ * and not with other threads: an exec would have ended them, a claim would let them run on
+ * (/proc/self/task has 2 + threads links). A child is told from a vfork child by the kernel
+ * (kcmp KCMP_VM against the parent), only when an escalation is claimed: no fork handler is
+ * registered at load (that would cost every process a libc page and a write). Unknown (kcmp
+ * refused) means no: the wrapper then claims. */
 static int claim_here(void)
 {
-    if (eg_sys_getpid() != own_pid)
+    pid_t pid = eg_sys_getpid();
+    if (pid != own_pid &&
+        EG_SC(SYS_kcmp, pid, eg_sys_getppid(), KCMP_VM, 0, 0, 0) <= 0) /* 0: the same memory */
         return 0;
     struct stat st;
     return eg_sys_fstatat(AT_FDCWD, "/proc/self/task", &st, 0) == 0 && st.st_nlink == 3;

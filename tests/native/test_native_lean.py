@@ -11,8 +11,8 @@ from pathlib import Path
 from .gateserver import encode_snapshot
 from .support import Gate
 
-#: What libexecgate.so may bind: at load its data references and the fork handler's registration
-#: (pthread_atfork); and errno, which an exec that fails (the denial below) sets for its caller.
+#: What libexecgate.so may bind: at load its data references (no function: the constructor calls
+#: nothing in libc); and errno, which an exec that fails (the denial below) sets for its caller.
 #: Anything else was bound by a gated exec.
 ALLOWED = {
     "__errno_location",
@@ -20,7 +20,6 @@ ALLOWED = {
     "__environ",
     "_r_debug",
     "__cxa_finalize",
-    "__register_atfork",
     "_ITM_deregisterTMCloneTable",
     "_ITM_registerTMCloneTable",
     "__gmon_start__",

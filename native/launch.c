@@ -23,6 +23,7 @@
  * pipes of spawns that have not exec'ed yet.
  */
 #include "common.h"
+#include "gitrepo.h"
 #include "netns.h"
 #include "sandbox.h"
 
@@ -571,6 +572,7 @@ static void shutdown_session(long long grace_ms)
 struct spawn {
     long long id;
     int sandbox, main, last;
+    int uncover;                /* a confined claim: its program is not covered by a stand-in */
     long long pgid;
     const char *cwd, *path;     /* path: executed, or only named in messages (execfd) */
     int execfd;                 /* >= 0: execute this descriptor instead of path */
@@ -731,7 +733,7 @@ static void child(const struct spawn *s, const int *fds, struct report *out)
          * authorize-confined): leave that program uncovered in its own sandbox, so that a
          * script's interpreter, which reads it by path, reads the script. */
         struct sb_config confined = g_sandbox;
-        if (s->execfd >= 0)
+        if (s->uncover)
             confined.uncovered = s->path;
         r = sb_apply(&confined, s->cwd, msg, sizeof msg);
         if (r < 0)
@@ -876,8 +878,32 @@ static int handle_spawn(struct eg_fields *f, int *fds, int nfds)
         eg_next_long(f, &s.pgid) < 0 || !(s.cwd = eg_next(f, NULL)) ||
         !(s.path = eg_next(f, NULL)) || eg_next_long(f, &n) < 0)
         return -EPROTO;
-    if (n != nfds || s.pgid < -1 || s.pgid > INT_MAX)
+
+    /* FLAGS: comma-separated. */
+    const char *bad = NULL;
+    int execfd = 0;
+    for (const char *p = flags; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == 7 && !strncmp(p, "sandbox", 7))
+            s.sandbox = 1;
+        else if (len == 4 && !strncmp(p, "main", 4))
+            s.main = 1;
+        else if (len == 4 && !strncmp(p, "last", 4))
+            s.last = 1;
+        else if (len == 6 && !strncmp(p, "execfd", 6))
+            execfd = 1;
+        else if (len)
+            bad = p;
+        p += len + (end ? 1 : 0);
+    }
+    /* execfd: one more descriptor than NFDS is attached, last: the program to execute (the
+     * file the server judged), never placed in the child */
+    if (n != nfds - execfd || s.pgid < -1 || s.pgid > INT_MAX)
         return -EPROTO;
+    nfds = (int)n;
+    if (execfd)
+        s.execfd = fds[nfds];
     for (int i = 0; i < nfds; i++) {
         long long d;
         if (eg_next_long(f, &d) < 0 || d < 0 || d > INT_MAX - 1)
@@ -895,22 +921,6 @@ static int handle_spawn(struct eg_fields *f, int *fds, int nfds)
         free(s.argv);
         free(s.envp);
         return -EPROTO;
-    }
-
-    /* FLAGS: comma-separated. */
-    const char *bad = NULL;
-    for (const char *p = flags; *p;) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == 7 && !strncmp(p, "sandbox", 7))
-            s.sandbox = 1;
-        else if (len == 4 && !strncmp(p, "main", 4))
-            s.main = 1;
-        else if (len == 4 && !strncmp(p, "last", 4))
-            s.last = 1;
-        else if (len)
-            bad = p;
-        p += len + (end ? 1 : 0);
     }
 
     if (bad) {
@@ -1254,6 +1264,37 @@ static void drain_control(void)
     }
 }
 
+/* A claim from inside the sandbox: look at the git repository the program would start in
+ * again, now, through the claimer's root, and pin it in *envp (gitrepo.h) — the server's look
+ * (gate/gitrepo.py) was at the decision, before the claimer could make one. 1: go on; 0: denied
+ * (answered). repo holds the pinned entries: it must outlive the spawn. */
+static int pin_repository(struct conn *c, const struct ticket *t, char ***envp,
+                          struct gr_found *repo)
+{
+    switch (gr_examine_claim(c->fd, c->peer, t->cwd, repo)) {
+    case GR_AS_IS:
+        return 1;
+    case GR_PIN: {
+        char **pinned = gr_pin_env(*envp, repo);
+        if (!pinned)
+            break;
+        free(*envp);
+        *envp = pinned;
+        return 1;
+    }
+    case GR_WRITABLE:
+        if (repo->dot_git[0])
+            conn_deny(c, "execgate: not escalated: ", t->display, ": it would start in the git "
+                      "repository ", repo->dot_git);
+        else
+            conn_deny(c, "execgate: not escalated: ", t->display, ": its working directory "
+                      "cannot be examined from the sandbox", NULL);
+        return 0;
+    }
+    conn_deny(c, "execgate: cannot run ", t->display, ": out of memory", NULL);
+    return 0;
+}
+
 /* EG1 · claim · TOKEN · TICKET · NFDS · FD… · ENVC · ENV…   (+ the NFDS descriptors)
  * Answers deny, or spawns the program (its end is answered by claim_ended). */
 static void handle_claim(struct conn *c, char *payload, size_t len)
@@ -1295,6 +1336,7 @@ static void handle_claim(struct conn *c, char *payload, size_t len)
         t = take_ticket(id);
     }
     char **envp = NULL;
+    struct gr_found repo;
     if (!t || now_ms() >= t->expires) {
         conn_deny(c, "execgate: escalation ticket unknown or expired", NULL, NULL, NULL);
     } else if (strcmp(token, t->token)) {
@@ -1303,11 +1345,13 @@ static void handle_claim(struct conn *c, char *payload, size_t len)
         conn_deny(c, "execgate: descriptor count mismatch", NULL, NULL, NULL);
     } else if (!(envp = apply_env(t, env)) || !(c->display = strdup(t->display))) {
         conn_deny(c, "execgate: cannot run ", t->display, ": out of memory", NULL);
+    } else if (!t->confined && g_sandbox.mode != SB_OFF && !pin_repository(c, t, &envp, &repo)) {
+        ; /* denied: it would start in a git repository its sandbox can write */
     } else {
         pid_t pgid = getpgid(c->peer); /* the claimer's group: the terminal's signals reach it */
         struct spawn s = {.pgid = pgid > 0 ? pgid : 0, .cwd = t->cwd, .path = t->path,
                           .execfd = t->fd, .nfds = c->nfds, .dst = dst, .argv = t->argv, .envp = envp,
-                          .sandbox = t->confined};
+                          .sandbox = t->confined, .uncover = t->confined};
         struct proc p = {.id = -1, .state = P_PENDING, .pgid = -1, .conn = c};
         struct failure failure;
         /* A confined claim sets up a sandbox (allocations, namespaces): a forked child, whose
@@ -1607,6 +1651,7 @@ static int control_step(void)
 static void usage(void)
 {
     note("usage: execgate-launch --control FD [--claim-fd FD] [--terminal FD] "
+         "[--known-carveouts DEV:INO,...] "
          "[--sandbox read-only|workspace-write|off] "
          "[--writable DIR]... [--readonly PATH]... [--protect NAME]... [--hide DIR]... "
          "[--network] [--proxy-port N --proxy-report-fd FD] [--strict-exec] [--exec-dir PATH]...\n"
@@ -1650,6 +1695,11 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--claim-fd") && i + 1 < argc) {
             if (parse_fd("--claim-fd", argv[++i], &claim) < 0)
                 return 2;
+        } else if (!strcmp(argv[i], "--known-carveouts") && i + 1 < argc) {
+            if (gr_known_carveouts(argv[++i]) < 0) {
+                note("--known-carveouts: bad list '%s'", argv[i]);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--terminal") && i + 1 < argc) {
             if (parse_fd("--terminal", argv[++i], &terminal) < 0)
                 return 2;
@@ -1666,6 +1716,8 @@ int main(int argc, char **argv)
     }
     g_control = (int)control;
     fcntl(g_control, F_SETFD, FD_CLOEXEC);
+    if (g_sandbox.mode != SB_OFF)
+        gr_remember_carveouts(&g_sandbox); /* before anything of the session runs */
     if (claim >= 0) {
         int listening = 0;
         socklen_t ln = sizeof listening;

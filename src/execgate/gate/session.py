@@ -52,7 +52,7 @@ from execgate.gate.escalation import (
     no_one_to_ask,
 )
 from execgate.gate.gitrepo import sandbox_writable_repository
-from execgate.gate.identity import ExecFile, IdentityError, describe_path, inspect_descriptors
+from execgate.gate.identity import ExecFile, IdentityError, inspect_descriptors, open_path
 from execgate.gate.launcher import LaunchedProcess, Launcher, LauncherError
 from execgate.gate.livepolicy import LivePolicy
 from execgate.gate.program import GatedExec, runs_file, vouched
@@ -62,7 +62,7 @@ from execgate.gate.snapshot import SealedSnapshot
 from execgate.gate.standins import StandIns
 from execgate.netproxy.variables import PROXY_VARIABLE_NAMES, proxy_variables
 from execgate.policy import allow_rule_line
-from execgate.sandbox import SandboxSpec
+from execgate.sandbox import SandboxSpec, existing_carveouts
 from execgate.sandbox.spec import PROXY_PORT
 from execgate.visible import VisibleFormatter, quote_word, visible
 
@@ -306,13 +306,16 @@ def remove_stale_session_dirs(bases: Sequence[Path]) -> list[Path]:
     return removed
 
 
-def _in_place_from_writable_repository(exec_: GatedExec, action: Action, confined: bool) -> Action:
+def _in_place_from_writable_repository(
+    exec_: GatedExec, action: Action, confined: bool, sandbox: SandboxSpec | None
+) -> Action:
     """An escalation out of a sandbox that can write the git repository it would start in
     runs in place instead: an escalated program (git, or whatever runs git) would run that
     repository's hooks and config outside (gate/gitrepo.py)."""
     if not confined or action.verdict != Verdict.ESCALATE:
         return action
-    dot_git = sandbox_writable_repository(exec_.pid, exec_.cwd)
+    known = sandbox.known_carveouts if sandbox is not None else None
+    dot_git = sandbox_writable_repository(exec_.pid, exec_.cwd, known)
     if dot_git is None:
         return action
     return replace(
@@ -385,7 +388,13 @@ class EscalationSession:
         self.config = config
         self.live = config.live
         self.escalation = config.escalation
-        sandbox = self.sandbox = config.sandbox
+        sandbox = config.sandbox
+        if sandbox is not None and sandbox.confines and sandbox.known_carveouts is None:
+            # the `.git` folders there now, before anything of the session runs: the only
+            # read-only ones an escalation trusts (gate/gitrepo.py, native/gitrepo.h)
+            found = existing_carveouts(sandbox.writable_roots, sandbox.protected_names)
+            sandbox = replace(sandbox, known_carveouts=found)
+        self.sandbox = sandbox
         self.confined = sandbox is not None and sandbox.confines
         self.base_env = dict(os.environ if config.base_env is None else config.base_env)
         self.gate_escalated = config.gate_escalated
@@ -440,7 +449,7 @@ class EscalationSession:
         with :meth:`attach` before :meth:`start`."""
         native.verify_installation()  # never load an interposer that is not the installed one
         session = cls(config, caller)
-        sandbox, live = config.sandbox, config.live
+        sandbox, live = session.sandbox, config.live
         new_process_session = config.new_process_session
         try:
             live.watch_in(asyncio.get_running_loop())
@@ -648,9 +657,28 @@ class EscalationSession:
         ends with it: once it and everything it left have exited, the launcher exits by itself,
         and nothing more can be spawned (front ends close the session then)."""
         program = resolve_command(argv[0], cwd=cwd, path=env.get("PATH", os.defpath))
-        exec_ = describe_exec(
+        exec_, judged = open_exec(
             program, argv, cwd=cwd, via="session", contents=self.live.current_contents()
         )
+        try:
+            return await self._start_judged(
+                exec_, judged[-1], cwd=cwd, env=env, stdio=stdio, pgid=pgid
+            )
+        finally:
+            _close_all(judged)
+
+    async def _start_judged(
+        self,
+        exec_: GatedExec,
+        judged: int,
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdio: Mapping[int, int],
+        pgid: int,
+    ) -> LaunchedProcess:
+        """Decide ``exec_`` and start it: the launcher executes ``judged`` (the descriptor of
+        the file that was judged; for a script, its last interpreter), never a path."""
         asked = None
         if self.live.fail_closed_reason:  # nothing runs, not even a shell's builtins
             action = Action(Verdict.DENY, self.live.fail_closed_reason)
@@ -666,8 +694,8 @@ class EscalationSession:
             raise SessionDenied(self.denial(exec_, action.reason))
         escalate = action.verdict == Verdict.ESCALATE
         return await self.launcher.spawn(
-            path=os.fsencode(program),
-            argv=[os.fsencode(a) for a in argv],
+            path=os.fsencode(exec_.path),
+            argv=[os.fsencode(a) for a in interpreted_argv(exec_)],
             env=self.escalated_env_rules().apply(self.environment(env))
             if escalate
             else self.environment(env),
@@ -677,6 +705,7 @@ class EscalationSession:
             pgid=pgid,
             main=True,
             last=True,
+            program=judged,
         )
 
     # -- exec requests (RequestHandler) ---------------------------------------------------
@@ -749,7 +778,7 @@ class EscalationSession:
             return self._ask_then_answer(
                 exec_, request, fds[-1], action.approval, confined, standin=standin
             )
-        action = _in_place_from_writable_repository(exec_, action, confined)
+        action = _in_place_from_writable_repository(exec_, action, confined, self.sandbox)
         self._record(exec_, action)
         return self._encode(exec_, request, fds[-1], action, standin=standin)
 
@@ -816,7 +845,7 @@ class EscalationSession:
         standin: bool,
     ) -> bytes:
         action, answer_given = await self._ask(approval, confined=confined)
-        action = _in_place_from_writable_repository(exec_, action, confined)
+        action = _in_place_from_writable_repository(exec_, action, confined, self.sandbox)
         self._record(exec_, action, (approval, answer_given))
         answer = self._encode(exec_, request, runs, action, standin=standin)
         return answer if isinstance(answer, bytes) else await answer
@@ -1024,13 +1053,30 @@ def describe_exec(
     contents: ContentIndex = NO_CONTENTS,
 ) -> GatedExec:
     """A :class:`GatedExec` for a program execgate itself is about to start."""
+    exec_, fds = open_exec(program, argv, cwd=cwd, via=via, contents=contents)
+    _close_all(fds)
+    return exec_
+
+
+def open_exec(
+    program: str,
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    via: str,
+    contents: ContentIndex = NO_CONTENTS,
+) -> tuple[GatedExec, tuple[int, ...]]:
+    """:func:`describe_exec`, and the descriptors of what was judged (the program, then each
+    ``#!`` interpreter; the caller's to close): what runs is the last one, whatever the paths
+    name by then."""
     try:
-        file, interpreters = describe_path(program, cwd, contents)
+        opened = open_path(program, cwd, contents)
     except OSError as exc:  # as a shell says it: 127 not found, 126 found but cannot run
         found = os.path.lexists(os.path.join(cwd, program))
         raise ExecgateError(
             f"{quote_word(program)}: {exc.strerror}", exit_status=126 if found else 127
         ) from None
+    file, interpreters = opened.file, opened.interpreters
     return GatedExec(
         path=program,
         realpath=file.realpath,
@@ -1044,7 +1090,19 @@ def describe_exec(
         via=via,
         leaves_gate=runs_file(file, interpreters).leaves_gate,
         content_names=file.content_names,
-    )
+    ), opened.fds
+
+
+def interpreted_argv(exec_: GatedExec) -> list[str]:
+    """The exec's argv as the kernel's binfmt_script hands it to the last ``#!`` interpreter
+    (each level puts its interpreter's name and argument before the script's name, in place
+    of ``argv[0]``): the argv of an exec of that interpreter's descriptor."""
+    args, name = list(exec_.argv), exec_.path
+    for interpreter in exec_.interpreters:
+        extra = [interpreter.arg] if interpreter.arg else []
+        args = [interpreter.name, *extra, name, *args[1:]]
+        name = interpreter.name
+    return args
 
 
 class SessionReserve:

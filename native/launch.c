@@ -57,12 +57,6 @@
 #ifndef SYS_close_range
 #define SYS_close_range 436
 #endif
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
-#ifndef SYS_pidfd_send_signal
-#define SYS_pidfd_send_signal 424
-#endif
 
 #define EOF_GRACE_MS 500
 #define MAX_GRACE_MS 600000

@@ -140,6 +140,22 @@ static int signal_child_of(pid_t pid, pid_t parent, int sig, int also_cont,
     return 0;
 }
 
+/* Queue pid with its start time (starts[i] belongs to queue->v[i]); out of memory: not queued
+ * (its children are then not walked this round; the next round finds them). */
+static void queue_push(struct pidvec *queue, unsigned long long **starts, pid_t pid,
+                       unsigned long long start)
+{
+    if (pidvec_push(queue, pid) < 0)
+        return;
+    unsigned long long *s = realloc(*starts, queue->n * sizeof *s);
+    if (!s) {
+        queue->n--;
+        return;
+    }
+    *starts = s;
+    s[queue->n - 1] = start;
+}
+
 size_t eg_signal_descendants(pid_t self, pid_t spare, int sig, int also_cont)
 {
     struct pidvec queue = {0};
@@ -158,15 +174,8 @@ size_t eg_signal_descendants(pid_t self, pid_t spare, int sig, int also_cont)
                 kill(kids.v[i], SIGCONT);
         }
         unsigned long long st = 0;
-        if (eg_read_stat(kids.v[i], NULL, &st) == 0 && pidvec_push(&queue, kids.v[i]) == 0) {
-            unsigned long long *s = realloc(starts, queue.n * sizeof *s);
-            if (!s) {
-                queue.n--;
-                continue;
-            }
-            starts = s;
-            starts[queue.n - 1] = st;
-        }
+        if (eg_read_stat(kids.v[i], NULL, &st) == 0)
+            queue_push(&queue, &starts, kids.v[i], st);
     }
     free(kids.v);
 
@@ -185,15 +194,7 @@ size_t eg_signal_descendants(pid_t self, pid_t spare, int sig, int also_cont)
             if (signal_child_of(ch.v[i], parent, sig, also_cont, &st) < 0)
                 continue;
             count++;
-            if (pidvec_push(&queue, ch.v[i]) < 0)
-                continue;
-            unsigned long long *s = realloc(starts, queue.n * sizeof *s);
-            if (!s) {
-                queue.n--;
-                continue;
-            }
-            starts = s;
-            starts[queue.n - 1] = st;
+            queue_push(&queue, &starts, ch.v[i], st);
         }
         free(ch.v);
     }

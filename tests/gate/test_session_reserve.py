@@ -134,3 +134,48 @@ def test_spare_is_opened_once_the_session_handed_out_has_closed(
                 await session.aclose()
 
     asyncio.run(main())
+
+
+def test_overlapping_takers_with_other_sandboxes_each_get_their_own(tmp_path: Path) -> None:
+    """Two front-end calls with different sandboxes that overlap (one waits for its spare while
+    the other takes): whatever the interleaving, each taker gets a session opened with its own
+    settings, never the other's (a spare refilled by one taker is not the other's)."""
+    rules = tmp_path / "r.rules"
+    rules.write_text('prefix_rule(["git", "push"], "prompt")\n')
+    policy = load_rules_files([rules])
+    live = LivePolicy(policy, search_path="/usr/bin:/bin")
+    escalation = PolicyEscalation(lambda: policy)
+    folders = [tmp_path / "one", tmp_path / "two"]
+    for folder in folders:
+        folder.mkdir()
+    configs = [
+        SessionConfig(
+            live=live,
+            escalation=escalation,
+            sandbox=build_spec("workspace-write", cwd=folder),
+            base_env={"PATH": "/usr/bin:/bin"},
+        )
+        for folder in folders
+    ]
+    caller = SessionCaller(DenyingAsker("test"))
+    got: list[tuple[int, EscalationSession]] = []
+
+    async def taker(reserve: SessionReserve, which: int, rounds: int) -> None:
+        for _ in range(rounds):
+            session = await reserve.take(configs[which], caller)
+            got.append((which, session))
+            await asyncio.sleep(0)  # let the other taker in between take and close
+            await session.aclose()
+
+    async def main() -> None:
+        async with SessionReserve().running() as reserve, anyio.create_task_group() as tasks:
+            tasks.start_soon(taker, reserve, 0, 6)
+            tasks.start_soon(taker, reserve, 1, 6)
+
+    asyncio.run(main())
+    assert len(got) == 12
+    for which, session in got:
+        assert session.config.key == configs[which].key
+        assert session.sandbox is not None
+        assert folders[which] in session.sandbox.writable_roots
+        assert folders[1 - which] not in session.sandbox.writable_roots

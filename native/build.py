@@ -29,7 +29,7 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
     # static: no dynamic loader and no preloaded interposer in the wrapper itself, which every
     # escalation and every patched-shell exec starts
     "execgate-wrapper": (["wrapper.c", "gate.c", "claim.c", "common.c"], ["-static"]),
-    "execgate-launch": (["launch.c", "sandbox.c", "netns.c", "common.c"], []),
+    "execgate-launch": (["launch.c", "gitrepo.c", "sandbox.c", "netns.c", "common.c"], []),
 }
 
 #: Written next to the binaries: each one's SHA-256, checked whenever a session opens

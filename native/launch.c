@@ -23,6 +23,7 @@
  * pipes of spawns that have not exec'ed yet.
  */
 #include "common.h"
+#include "gitrepo.h"
 #include "netns.h"
 #include "sandbox.h"
 
@@ -1254,6 +1255,37 @@ static void drain_control(void)
     }
 }
 
+/* A claim from inside the sandbox: look at the git repository the program would start in
+ * again, now, through the claimer's root, and pin it in *envp (gitrepo.h) — the server's look
+ * (gate/gitrepo.py) was at the decision, before the claimer could make one. 1: go on; 0: denied
+ * (answered). repo holds the pinned entries: it must outlive the spawn. */
+static int pin_repository(struct conn *c, const struct ticket *t, char ***envp,
+                          struct gr_found *repo)
+{
+    switch (gr_examine_claim(c->fd, c->peer, t->cwd, repo)) {
+    case GR_AS_IS:
+        return 1;
+    case GR_PIN: {
+        char **pinned = gr_pin_env(*envp, repo);
+        if (!pinned)
+            break;
+        free(*envp);
+        *envp = pinned;
+        return 1;
+    }
+    case GR_WRITABLE:
+        if (repo->dot_git[0])
+            conn_deny(c, "execgate: not escalated: ", t->display, ": it would start in the git "
+                      "repository ", repo->dot_git);
+        else
+            conn_deny(c, "execgate: not escalated: ", t->display, ": its working directory "
+                      "cannot be examined from the sandbox", NULL);
+        return 0;
+    }
+    conn_deny(c, "execgate: cannot run ", t->display, ": out of memory", NULL);
+    return 0;
+}
+
 /* EG1 · claim · TOKEN · TICKET · NFDS · FD… · ENVC · ENV…   (+ the NFDS descriptors)
  * Answers deny, or spawns the program (its end is answered by claim_ended). */
 static void handle_claim(struct conn *c, char *payload, size_t len)
@@ -1295,6 +1327,7 @@ static void handle_claim(struct conn *c, char *payload, size_t len)
         t = take_ticket(id);
     }
     char **envp = NULL;
+    struct gr_found repo;
     if (!t || now_ms() >= t->expires) {
         conn_deny(c, "execgate: escalation ticket unknown or expired", NULL, NULL, NULL);
     } else if (strcmp(token, t->token)) {
@@ -1303,6 +1336,8 @@ static void handle_claim(struct conn *c, char *payload, size_t len)
         conn_deny(c, "execgate: descriptor count mismatch", NULL, NULL, NULL);
     } else if (!(envp = apply_env(t, env)) || !(c->display = strdup(t->display))) {
         conn_deny(c, "execgate: cannot run ", t->display, ": out of memory", NULL);
+    } else if (!t->confined && g_sandbox.mode != SB_OFF && !pin_repository(c, t, &envp, &repo)) {
+        ; /* denied: it would start in a git repository its sandbox can write */
     } else {
         pid_t pgid = getpgid(c->peer); /* the claimer's group: the terminal's signals reach it */
         struct spawn s = {.pgid = pgid > 0 ? pgid : 0, .cwd = t->cwd, .path = t->path,
@@ -1607,6 +1642,7 @@ static int control_step(void)
 static void usage(void)
 {
     note("usage: execgate-launch --control FD [--claim-fd FD] [--terminal FD] "
+         "[--known-carveouts DEV:INO,...] "
          "[--sandbox read-only|workspace-write|off] "
          "[--writable DIR]... [--readonly PATH]... [--protect NAME]... [--hide DIR]... "
          "[--network] [--proxy-port N --proxy-report-fd FD] [--strict-exec] [--exec-dir PATH]...\n"
@@ -1650,6 +1686,11 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--claim-fd") && i + 1 < argc) {
             if (parse_fd("--claim-fd", argv[++i], &claim) < 0)
                 return 2;
+        } else if (!strcmp(argv[i], "--known-carveouts") && i + 1 < argc) {
+            if (gr_known_carveouts(argv[++i]) < 0) {
+                note("--known-carveouts: bad list '%s'", argv[i]);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--terminal") && i + 1 < argc) {
             if (parse_fd("--terminal", argv[++i], &terminal) < 0)
                 return 2;
@@ -1666,6 +1707,8 @@ int main(int argc, char **argv)
     }
     g_control = (int)control;
     fcntl(g_control, F_SETFD, FD_CLOEXEC);
+    if (g_sandbox.mode != SB_OFF)
+        gr_remember_carveouts(&g_sandbox); /* before anything of the session runs */
     if (claim >= 0) {
         int listening = 0;
         socklen_t ln = sizeof listening;

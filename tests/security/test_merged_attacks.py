@@ -339,17 +339,13 @@ if answer[0] == b"escalate":
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: the repository is checked when the escalation is decided, and a process "
-    "speaking EG1 itself claims its ticket only after making one (see the report)",
-)
 def test_a_repository_made_between_decision_and_claim_does_not_run_outside(
     attacker: Any,
 ) -> None:
     """The same attack as above by a process that speaks EG1 itself: it asks for `git
     status` in an empty folder, gets its ticket, then renames a prepared repository into
-    place and claims."""
+    place and claims. Its `core.fsmonitor` ran outside (found on the merged main). The
+    launcher now looks again at the claim, through the claimer's own root, and refuses."""
     from .test_redteam import FORGE
 
     attacker.write_rules('prefix_rule(["git", "status"], "allow")\n')
@@ -362,8 +358,11 @@ def test_a_repository_made_between_decision_and_claim_does_not_run_outside(
         export GIT_CONFIG_NOSYSTEM=1 HOME={attacker.work}
         mkdir sub && git init -q prep && mv prep/.git staged.git
         printf '[core]\\n\\tfsmonitor = "touch {out}/raced; false"\\n' >> staged.git/config
-        {sys.executable} race.py >/dev/null 2>&1; echo still working
+        {sys.executable} race.py 2>&1; echo "claimed $?"; echo still working
     """
     done = attacker.run(script, mode="workspace-write", env={"PYTHONPATH": src})
-    assert b"still working" in done.stdout, done
+    text = done.stdout.decode()
+    assert "still working" in text, done
     assert not (out / "raced").exists(), done
+    assert "answer escalate" in text, done  # the ticket was given: the claim was refused
+    assert "not escalated" in text and "sub/.git" in text and "claimed 126" in text, done

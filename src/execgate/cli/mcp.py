@@ -183,6 +183,8 @@ def _prepare(
 ) -> tuple[McpOptions, PolicyState]:
     """Everything the server needs before its first tool call (run in a thread while the
     opening is answered): configuration, sandbox, decision log, policy."""
+    from dataclasses import replace
+
     from execgate import paths
     from execgate.cli.workdir import working_directory
     from execgate.config import check_tools, load_config
@@ -190,7 +192,7 @@ def _prepare(
     from execgate.gate import orphans
     from execgate.gate.livepolicy import PolicySource
     from execgate.mcp_front.server import McpOptions, PolicyState
-    from execgate.sandbox import build_spec, require_support, sandbox_from_args
+    from execgate.sandbox import build_spec, existing_carveouts, require_support, sandbox_from_args
 
     orphans.adopt_orphans()  # what a killed launcher leaves behind is ours to kill
     config = load_config()
@@ -223,6 +225,10 @@ def _prepare(
         exclude_tmp=args.sandbox_exclude_tmp,
         exclude_tmpdir=args.sandbox_exclude_tmpdir,
     ).writable_roots
+    # Every call is a session of its own, whose sandbox sees the `.git` an earlier call made
+    # read-only: only those there now are trusted at a claim (native/gitrepo.h).
+    known = existing_carveouts((*bounds, *sandbox.writable_roots), sandbox.protected_names)
+    sandbox = replace(sandbox, known_carveouts=known)
     require_support(sandbox)  # a profile this kernel cannot enforce: say so now
     decisions = open_front_log("mcp", config, audit=args.audit)
     moved = paths.log_dir_moved()

@@ -68,7 +68,7 @@ from execgate.gate.snapshot import SealedSnapshot
 from execgate.gate.standins import StandIns
 from execgate.netproxy.variables import PROXY_VARIABLE_NAMES, proxy_variables
 from execgate.policy import allow_rule_line
-from execgate.sandbox import SandboxSpec
+from execgate.sandbox import SandboxSpec, existing_carveouts
 from execgate.sandbox.spec import PROXY_PORT
 from execgate.visible import VisibleFormatter, quote_word, visible
 
@@ -314,13 +314,16 @@ def remove_stale_session_dirs(bases: Sequence[Path]) -> list[Path]:
     return removed
 
 
-def _in_place_from_writable_repository(exec_: GatedExec, action: Action, confined: bool) -> Action:
+def _in_place_from_writable_repository(
+    exec_: GatedExec, action: Action, confined: bool, sandbox: SandboxSpec | None
+) -> Action:
     """An escalation out of a sandbox that can write the git repository it would start in
     runs in place instead: an escalated program (git, or whatever runs git) would run that
     repository's hooks and config outside (gate/gitrepo.py)."""
     if not confined or action.verdict != Verdict.ESCALATE:
         return action
-    dot_git = sandbox_writable_repository(exec_.pid, exec_.cwd)
+    known = sandbox.known_carveouts if sandbox is not None else None
+    dot_git = sandbox_writable_repository(exec_.pid, exec_.cwd, known)
     if dot_git is None:
         return action
     return replace(
@@ -393,7 +396,13 @@ class EscalationSession:
         self.config = config
         self.live = config.live
         self.escalation = config.escalation
-        sandbox = self.sandbox = config.sandbox
+        sandbox = config.sandbox
+        if sandbox is not None and sandbox.confines and sandbox.known_carveouts is None:
+            # the `.git` folders there now, before anything of the session runs: the only
+            # read-only ones an escalation trusts (gate/gitrepo.py, native/gitrepo.h)
+            found = existing_carveouts(sandbox.writable_roots, sandbox.protected_names)
+            sandbox = replace(sandbox, known_carveouts=found)
+        self.sandbox = sandbox
         self.confined = sandbox is not None and sandbox.confines
         self.base_env = dict(os.environ if config.base_env is None else config.base_env)
         self.gate_escalated = config.gate_escalated
@@ -450,7 +459,7 @@ class EscalationSession:
         with :meth:`attach` before :meth:`start`."""
         native.verify_installation()  # never load an interposer that is not the installed one
         session = cls(config, caller)
-        sandbox, live = config.sandbox, config.live
+        sandbox, live = session.sandbox, config.live
         new_process_session = config.new_process_session
         try:
             live.watch_in(asyncio.get_running_loop())
@@ -759,7 +768,7 @@ class EscalationSession:
             return self._ask_then_answer(
                 exec_, request, fds[-1], action.approval, confined, standin=standin
             )
-        action = _in_place_from_writable_repository(exec_, action, confined)
+        action = _in_place_from_writable_repository(exec_, action, confined, self.sandbox)
         self._record(exec_, action)
         return self._encode(exec_, request, fds[-1], action, standin=standin)
 
@@ -826,7 +835,7 @@ class EscalationSession:
         standin: bool,
     ) -> bytes:
         action, answer_given = await self._ask(approval, confined=confined)
-        action = _in_place_from_writable_repository(exec_, action, confined)
+        action = _in_place_from_writable_repository(exec_, action, confined, self.sandbox)
         self._record(exec_, action, (approval, answer_given))
         answer = self._encode(exec_, request, runs, action, standin=standin)
         return answer if isinstance(answer, bytes) else await answer

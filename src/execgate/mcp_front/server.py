@@ -953,6 +953,8 @@ class McpFrontEnd:
         if self.options.sandbox.network_proxy and spec.confines and not spec.network:
             # The client's "no network" is the configured one: through the proxy, by the rules.
             spec = replace(spec, network_proxy=True)
+        # what the server found when it started, not what earlier calls made since
+        spec = replace(spec, known_carveouts=self.options.sandbox.known_carveouts)
         return spec, source
 
 

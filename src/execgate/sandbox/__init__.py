@@ -20,6 +20,7 @@ from execgate.sandbox.spec import (
     SandboxSpec,
     add_sandbox_arguments,
     build_spec,
+    existing_carveouts,
     sandbox_from_args,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "SandboxSupport",
     "add_sandbox_arguments",
     "build_spec",
+    "existing_carveouts",
     "probe",
     "require_support",
     "sandbox_from_args",

@@ -85,6 +85,11 @@ class SandboxSpec:
     # The session's stand-in table (gate/standins.py): the programs rules name are covered by
     # stand-ins in every confined spawn (the kernel exec backstop).
     standin_table: Path | None = None
+    # The (dev, ino) of the protected names that existed when the front end started
+    # (:func:`existing_carveouts`); None: the launcher looks when it starts. A read-only `.git`
+    # in a folder the sandbox can write is trusted at a claim only if it is one of them
+    # (native/gitrepo.h): one made later was made by this or an earlier session's sandbox.
+    known_carveouts: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.network and self.network_proxy:
@@ -120,6 +125,9 @@ class SandboxSpec:
             args += ["--hide", str(path)]
         if self.standin_table is not None:
             args += ["--shadows", str(self.standin_table)]
+        if self.known_carveouts is not None:
+            known = ",".join(f"{dev}:{ino}" for dev, ino in self.known_carveouts)
+            args += ["--known-carveouts", known]
         if self.network:
             args.append("--network")
         if self.network_proxy:
@@ -246,6 +254,24 @@ class SandboxSpec:
 
 
 OFF: Final = SandboxSpec()
+
+
+def existing_carveouts(
+    roots: Iterable[Path], names: Iterable[str] = PROTECTED_NAMES
+) -> tuple[tuple[int, int], ...]:
+    """The (dev, ino) of every ``<root>/<name>`` that exists now (the entry and what a symlink
+    points to), for :attr:`SandboxSpec.known_carveouts`."""
+    found: list[tuple[int, int]] = []
+    for root in roots:
+        for name in names:
+            for follow in (False, True):
+                try:
+                    st = os.stat(root / name, follow_symlinks=follow)
+                except OSError:
+                    continue
+                if (st.st_dev, st.st_ino) not in found:
+                    found.append((st.st_dev, st.st_ino))
+    return tuple(found)
 
 
 class _WriteCheck:

@@ -572,6 +572,7 @@ static void shutdown_session(long long grace_ms)
 struct spawn {
     long long id;
     int sandbox, main, last;
+    int uncover;                /* a confined claim: its program is not covered by a stand-in */
     long long pgid;
     const char *cwd, *path;     /* path: executed, or only named in messages (execfd) */
     int execfd;                 /* >= 0: execute this descriptor instead of path */
@@ -732,7 +733,7 @@ static void child(const struct spawn *s, const int *fds, struct report *out)
          * authorize-confined): leave that program uncovered in its own sandbox, so that a
          * script's interpreter, which reads it by path, reads the script. */
         struct sb_config confined = g_sandbox;
-        if (s->execfd >= 0)
+        if (s->uncover)
             confined.uncovered = s->path;
         r = sb_apply(&confined, s->cwd, msg, sizeof msg);
         if (r < 0)
@@ -877,8 +878,32 @@ static int handle_spawn(struct eg_fields *f, int *fds, int nfds)
         eg_next_long(f, &s.pgid) < 0 || !(s.cwd = eg_next(f, NULL)) ||
         !(s.path = eg_next(f, NULL)) || eg_next_long(f, &n) < 0)
         return -EPROTO;
-    if (n != nfds || s.pgid < -1 || s.pgid > INT_MAX)
+
+    /* FLAGS: comma-separated. */
+    const char *bad = NULL;
+    int execfd = 0;
+    for (const char *p = flags; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == 7 && !strncmp(p, "sandbox", 7))
+            s.sandbox = 1;
+        else if (len == 4 && !strncmp(p, "main", 4))
+            s.main = 1;
+        else if (len == 4 && !strncmp(p, "last", 4))
+            s.last = 1;
+        else if (len == 6 && !strncmp(p, "execfd", 6))
+            execfd = 1;
+        else if (len)
+            bad = p;
+        p += len + (end ? 1 : 0);
+    }
+    /* execfd: one more descriptor than NFDS is attached, last: the program to execute (the
+     * file the server judged), never placed in the child */
+    if (n != nfds - execfd || s.pgid < -1 || s.pgid > INT_MAX)
         return -EPROTO;
+    nfds = (int)n;
+    if (execfd)
+        s.execfd = fds[nfds];
     for (int i = 0; i < nfds; i++) {
         long long d;
         if (eg_next_long(f, &d) < 0 || d < 0 || d > INT_MAX - 1)
@@ -896,22 +921,6 @@ static int handle_spawn(struct eg_fields *f, int *fds, int nfds)
         free(s.argv);
         free(s.envp);
         return -EPROTO;
-    }
-
-    /* FLAGS: comma-separated. */
-    const char *bad = NULL;
-    for (const char *p = flags; *p;) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == 7 && !strncmp(p, "sandbox", 7))
-            s.sandbox = 1;
-        else if (len == 4 && !strncmp(p, "main", 4))
-            s.main = 1;
-        else if (len == 4 && !strncmp(p, "last", 4))
-            s.last = 1;
-        else if (len)
-            bad = p;
-        p += len + (end ? 1 : 0);
     }
 
     if (bad) {
@@ -1342,7 +1351,7 @@ static void handle_claim(struct conn *c, char *payload, size_t len)
         pid_t pgid = getpgid(c->peer); /* the claimer's group: the terminal's signals reach it */
         struct spawn s = {.pgid = pgid > 0 ? pgid : 0, .cwd = t->cwd, .path = t->path,
                           .execfd = t->fd, .nfds = c->nfds, .dst = dst, .argv = t->argv, .envp = envp,
-                          .sandbox = t->confined};
+                          .sandbox = t->confined, .uncover = t->confined};
         struct proc p = {.id = -1, .state = P_PENDING, .pgid = -1, .conn = c};
         struct failure failure;
         /* A confined claim sets up a sandbox (allocations, namespaces): a forked child, whose

@@ -136,6 +136,24 @@ def test_the_command_itself_is_gated(gate: Gate) -> None:
     assert result.stderr.startswith(b"execgate: denied: marker x: marker must not run")
 
 
+@pytest.mark.parametrize("sandbox", ["off", "workspace-write"])
+def test_a_script_as_the_command_runs_as_its_interpreters_would_run_it(
+    gate: Gate, sandbox: str
+) -> None:
+    """The session's own command runs from the descriptors that were judged: a script as its
+    last ``#!`` interpreter's descriptor, with the argv binfmt_script would give it (each level
+    puts its interpreter and argument before the script's name)."""
+    show = gate.root / "show.sh"
+    show.write_text('#!/bin/sh\nprintf "<%s>" "$0" "$@"; echo\n')
+    outer = gate.root / "outer"
+    outer.write_text(f"#!{show} -x\n")
+    for script in (show, outer):
+        script.chmod(0o755)
+    result = gate.run(["./outer", "a b", "c"], options=["--sandbox", sandbox])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"<{show}><-x><{outer}><a b><c>\n".encode()
+
+
 def test_missing_command(gate: Gate) -> None:
     result = gate.run(["no-such-program-here"])
     assert result.returncode == 127

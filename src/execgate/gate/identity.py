@@ -254,28 +254,52 @@ def files_named_by(
     return found
 
 
+@dataclass(frozen=True)
+class OpenedPath:
+    """A program opened by the server itself, with its ``#!`` chain: ``fds`` are the program,
+    then each interpreter (``O_PATH``, close-on-exec), the caller's to close."""
+
+    file: ExecFile
+    interpreters: tuple[Interpreter, ...]
+    fds: tuple[int, ...]
+
+
+def open_path(path: str, cwd: str, contents: ContentIndex = NO_CONTENTS) -> OpenedPath:
+    """The program at ``path`` and its ``#!`` chain, opened by the server itself (for the
+    session's own command, which execgate starts: it runs the last descriptor, the file that
+    was judged). OSError when a file cannot be opened."""
+    files: list[ExecFile] = []
+    fds: list[int] = []
+    names: list[tuple[str, str]] = []
+    target = path
+    try:
+        while True:
+            fd = os.open(posixpath.join(cwd, target), os.O_PATH | os.O_CLOEXEC)
+            fds.append(fd)
+            try:
+                file = exec_file(fd, contents)
+            except IdentityError as exc:
+                raise OSError(13, f"Permission denied ({exc})") from None
+            files.append(file)
+            if file.shebang is None:
+                break
+            if len(names) >= MAX_INTERPRETERS:
+                raise OSError(40, "too many levels of #! interpreters")
+            names.append(file.shebang)
+            target = file.shebang[0]
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    chain = tuple(Interpreter(n, a, f) for (n, a), f in zip(names, files[1:], strict=True))
+    return OpenedPath(files[0], chain, tuple(fds))
+
+
 def describe_path(
     path: str, cwd: str, contents: ContentIndex = NO_CONTENTS
 ) -> tuple[ExecFile, tuple[Interpreter, ...]]:
-    """The program at ``path`` and its ``#!`` chain, opened by the server itself (for the
-    session's own command, which execgate starts). OSError when a file cannot be opened."""
-    files: list[ExecFile] = []
-    names: list[tuple[str, str]] = []
-    target = path
-    while True:
-        fd = os.open(posixpath.join(cwd, target), os.O_PATH | os.O_CLOEXEC)
-        try:
-            file = exec_file(fd, contents)
-        except IdentityError as exc:
-            raise OSError(13, f"Permission denied ({exc})") from None
-        finally:
-            os.close(fd)
-        files.append(file)
-        if file.shebang is None:
-            break
-        if len(names) >= MAX_INTERPRETERS:
-            raise OSError(40, "too many levels of #! interpreters")
-        names.append(file.shebang)
-        target = file.shebang[0]
-    chain = tuple(Interpreter(n, a, f) for (n, a), f in zip(names, files[1:], strict=True))
-    return files[0], chain
+    """The program at ``path`` and its ``#!`` chain, as :func:`open_path` finds them."""
+    opened = open_path(path, cwd, contents)
+    for fd in opened.fds:
+        os.close(fd)
+    return opened.file, opened.interpreters

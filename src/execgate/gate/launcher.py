@@ -325,9 +325,12 @@ class Launcher:
         pgid: int = -1,
         main: bool = False,
         last: bool = False,
+        program: int | None = None,
     ) -> LaunchedProcess:
         """Start ``path`` with exactly ``fds`` (target number -> our descriptor, which stays
-        ours), ``argv``, ``env`` and ``cwd``; confined when ``sandboxed``.
+        ours), ``argv``, ``env`` and ``cwd``; confined when ``sandboxed``. ``program``: a
+        descriptor of the file to execute (stays ours); ``path`` then only names it in
+        messages, and what runs is the file that was judged, whatever ``path`` became since.
 
         ``pgid``: ``-1`` the launcher's process group, ``0`` a new one, ``N`` join group N
         (a new one if that is not allowed). ``main``: the session's main program; if it has a
@@ -340,9 +343,15 @@ class Launcher:
             raise LauncherError("the session launcher is not running")
         if pgid < -1:
             raise ValueError(f"bad process group {pgid}")
-        chosen = (("sandbox", sandboxed), ("main", main), ("last", last))
+        chosen = (
+            ("sandbox", sandboxed),
+            ("main", main),
+            ("last", last),
+            ("execfd", program is not None),
+        )
         flags = [name for name, on in chosen if on]
         targets = list(fds)
+        attached = [fds[t] for t in targets] + ([] if program is None else [program])
         spawn_id = next(self._ids)
         frame = encode_spawn(
             spawn_id,
@@ -357,7 +366,7 @@ class Launcher:
         future: asyncio.Future[LaunchedProcess] = self._loop.create_future()
         self._pending[spawn_id] = future
         try:
-            await self._send(frame, [fds[t] for t in targets])
+            await self._send(frame, attached)
         except BaseException:
             self._pending.pop(spawn_id, None)
             raise

@@ -52,7 +52,7 @@ from execgate.gate.escalation import (
     no_one_to_ask,
 )
 from execgate.gate.gitrepo import sandbox_writable_repository
-from execgate.gate.identity import ExecFile, IdentityError, describe_path, inspect_descriptors
+from execgate.gate.identity import ExecFile, IdentityError, inspect_descriptors, open_path
 from execgate.gate.launcher import (
     LaunchedProcess,
     Launcher,
@@ -667,9 +667,28 @@ class EscalationSession:
         ends with it: once it and everything it left have exited, the launcher exits by itself,
         and nothing more can be spawned (front ends close the session then)."""
         program = resolve_command(argv[0], cwd=cwd, path=env.get("PATH", os.defpath))
-        exec_ = describe_exec(
+        exec_, judged = open_exec(
             program, argv, cwd=cwd, via="session", contents=self.live.current_contents()
         )
+        try:
+            return await self._start_judged(
+                exec_, judged[-1], cwd=cwd, env=env, stdio=stdio, pgid=pgid
+            )
+        finally:
+            _close_all(judged)
+
+    async def _start_judged(
+        self,
+        exec_: GatedExec,
+        judged: int,
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdio: Mapping[int, int],
+        pgid: int,
+    ) -> LaunchedProcess:
+        """Decide ``exec_`` and start it: the launcher executes ``judged`` (the descriptor of
+        the file that was judged; for a script, its last interpreter), never a path."""
         asked = None
         if self.live.fail_closed_reason:  # nothing runs, not even a shell's builtins
             action = Action(Verdict.DENY, self.live.fail_closed_reason)
@@ -685,8 +704,8 @@ class EscalationSession:
             raise SessionDenied(self.denial(exec_, action.reason))
         escalate = action.verdict == Verdict.ESCALATE
         return await self.launcher.spawn(
-            path=os.fsencode(program),
-            argv=[os.fsencode(a) for a in argv],
+            path=os.fsencode(exec_.path),
+            argv=[os.fsencode(a) for a in interpreted_argv(exec_)],
             env=self.escalated_env_rules().apply(self.environment(env))
             if escalate
             else self.environment(env),
@@ -696,6 +715,7 @@ class EscalationSession:
             pgid=pgid,
             main=True,
             last=True,
+            program=judged,
         )
 
     # -- exec requests (RequestHandler) ---------------------------------------------------
@@ -1058,13 +1078,30 @@ def describe_exec(
     contents: ContentIndex = NO_CONTENTS,
 ) -> GatedExec:
     """A :class:`GatedExec` for a program execgate itself is about to start."""
+    exec_, fds = open_exec(program, argv, cwd=cwd, via=via, contents=contents)
+    _close_all(fds)
+    return exec_
+
+
+def open_exec(
+    program: str,
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    via: str,
+    contents: ContentIndex = NO_CONTENTS,
+) -> tuple[GatedExec, tuple[int, ...]]:
+    """:func:`describe_exec`, and the descriptors of what was judged (the program, then each
+    ``#!`` interpreter; the caller's to close): what runs is the last one, whatever the paths
+    name by then."""
     try:
-        file, interpreters = describe_path(program, cwd, contents)
+        opened = open_path(program, cwd, contents)
     except OSError as exc:  # as a shell says it: 127 not found, 126 found but cannot run
         found = os.path.lexists(os.path.join(cwd, program))
         raise ExecgateError(
             f"{quote_word(program)}: {exc.strerror}", exit_status=126 if found else 127
         ) from None
+    file, interpreters = opened.file, opened.interpreters
     return GatedExec(
         path=program,
         realpath=file.realpath,
@@ -1078,7 +1115,19 @@ def describe_exec(
         via=via,
         leaves_gate=runs_file(file, interpreters).leaves_gate,
         content_names=file.content_names,
-    )
+    ), opened.fds
+
+
+def interpreted_argv(exec_: GatedExec) -> list[str]:
+    """The exec's argv as the kernel's binfmt_script hands it to the last ``#!`` interpreter
+    (each level puts its interpreter's name and argument before the script's name, in place
+    of ``argv[0]``): the argv of an exec of that interpreter's descriptor."""
+    args, name = list(exec_.argv), exec_.path
+    for interpreter in exec_.interpreters:
+        extra = [interpreter.arg] if interpreter.arg else []
+        args = [interpreter.name, *extra, name, *args[1:]]
+        name = interpreter.name
+    return args
 
 
 class SessionReserve:

@@ -3,7 +3,11 @@
 A bash loop of ``/bin/true`` is timed inside bash (``$EPOCHREALTIME``) so start-up does not
 count; configurations are interleaved round-robin and the median of the rounds is reported.
 
-    python bench/exec_overhead.py [--execs 2000] [--rounds 7]
+    python bench/exec_overhead.py [--execs 2000] [--rounds 7] [--program PATH]
+
+The loop runs ``/bin/true``; ``--program`` runs another file instead (a copy of ``true`` when
+``/bin/true`` has other hard links, as perf's build-id cache gives it: a file with more than one
+link always asks the server, docs/protocol.md §6, so "run (snapshot)" would measure round trips).
 
 Configurations:
   plain                 bash, no execgate
@@ -33,7 +37,7 @@ import tempfile
 from pathlib import Path
 
 LOOP = (
-    "i=0; s=$EPOCHREALTIME; while [ $i -lt {n} ]; do /bin/true; i=$((i+1)); done; "
+    "i=0; s=$EPOCHREALTIME; while [ $i -lt {n} ]; do {program}; i=$((i+1)); done; "
     "e=$EPOCHREALTIME; echo $(( (${{e/./}} - ${{s/./}}) / {n} ))"
 )
 
@@ -60,18 +64,20 @@ NO_LOG = {
 }
 
 
-def look_alike(home: Path) -> None:
-    """A file of /bin/true's size with other content (its last byte changed)."""
-    data = bytearray(Path("/bin/true").read_bytes())
+def look_alike(home: Path, program: Path) -> None:
+    """A file of the looped program's size with other content (its last byte changed)."""
+    data = bytearray(program.read_bytes())
     data[-1] ^= 0xFF
     path = home / "look-alike"
     path.write_bytes(bytes(data))
     path.chmod(0o755)
 
 
-def measure(rules: Path | None, options: list[str], execs: int, env: dict[str, str]) -> int:
+def measure(
+    rules: Path | None, options: list[str], execs: int, env: dict[str, str], program: Path
+) -> int:
     """Microseconds per exec of one run of the loop (under execgate unless ``rules`` is None)."""
-    loop = ["bash", "--norc", "--noprofile", "-c", LOOP.format(n=execs)]
+    loop = ["bash", "--norc", "--noprofile", "-c", LOOP.format(n=execs, program=program)]
     cmd = loop
     if rules is not None:
         gate = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), *options]
@@ -84,7 +90,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--execs", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--program", type=Path, default=Path("/bin/true"))
     args = parser.parse_args()
+    program: Path = args.program.absolute()
     with tempfile.TemporaryDirectory(prefix="execgate-bench-") as tmp:
         home = Path(tmp)
         env = {
@@ -93,7 +101,7 @@ def main() -> None:
             "EXECGATE_HOME": str(home / "execgate"),
             "LANG": "C.UTF-8",
         }
-        look_alike(home)
+        look_alike(home, program)
         quiet = home / "execgate-no-log"
         quiet.mkdir()
         (quiet / "config.toml").write_text("[log]\nenabled = false\n")
@@ -109,12 +117,14 @@ def main() -> None:
         samples: dict[str, list[int]] = {name: [] for name in [*CONFIGS, *NO_LOG]}
         for _ in range(args.rounds):
             for name, (_, options) in CONFIGS.items():
-                samples[name].append(measure(rules[name], options, args.execs, env))
+                samples[name].append(measure(rules[name], options, args.execs, env, program))
             for name, mirrored in NO_LOG.items():
                 options = CONFIGS[mirrored][1]
-                samples[name].append(measure(rules[mirrored], options, args.execs, no_log_env))
+                samples[name].append(
+                    measure(rules[mirrored], options, args.execs, no_log_env, program)
+                )
     plain = statistics.median(samples["plain"])
-    print(f"per-exec cost, bash loop of {args.execs} /bin/true, median of {args.rounds} rounds")
+    print(f"per-exec cost, bash loop of {args.execs} {program}, median of {args.rounds} rounds")
     print(f"machine: {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}")
     for name, values in samples.items():
         median = statistics.median(values)

@@ -22,14 +22,21 @@ NATIVE = Path(__file__).resolve().parent
 
 # target -> (sources, extra flags). Headers in native/ are dependencies of every target.
 TARGETS: dict[str, tuple[list[str], list[str]]] = {
+    # loaded by every program a gated process starts: bound lazily (no -z now: the exec path
+    # calls nothing outside the library, see strings.c and sys.h), two segments
     "libexecgate.so": (
-        ["interpose.c", "gate.c", "claim.c", "common.c"],
-        ["-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-z,now", "-Wl,-z,noseparate-code"],
+        ["interpose.c", "gate.c", "claim.c", "common.c", "strings.c"],
+        ["-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-z,noseparate-code"],
     ),
     # static: no dynamic loader and no preloaded interposer in the wrapper itself, which every
     # escalation and every patched-shell exec starts
     "execgate-wrapper": (["wrapper.c", "gate.c", "claim.c", "common.c"], ["-static"]),
-    "execgate-launch": (["launch.c", "gitrepo.c", "sandbox.c", "netns.c", "common.c"], []),
+    "execgate-launch": (
+        ["launch.c", "gitrepo.c", "sandbox.c", "netns.c", "tree.c", "common.c"],
+        [],
+    ),
+    # the native front of `execgate run` (docs/protocol.md §8): the interposer's snapshot check
+    "execgate-run": (["front.c", "gate.c", "claim.c", "tree.c", "common.c"], []),
 }
 
 #: Written next to the binaries: each one's SHA-256, checked whenever a session opens

@@ -1,5 +1,6 @@
 /* Frames and fields of the EG1 protocol (docs/protocol.md §2). */
 #include "common.h"
+#include "sys.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -73,11 +74,11 @@ int eg_write_all(int fd, const void *buf, size_t n)
 {
     const char *p = buf;
     while (n) {
-        ssize_t k = write(fd, p, n);
+        ssize_t k = eg_sys_write(fd, p, n);
         if (k < 0) {
-            if (errno == EINTR)
+            if (k == -EINTR)
                 continue;
-            return -errno;
+            return (int)k;
         }
         p += k;
         n -= (size_t)k;
@@ -89,11 +90,11 @@ int eg_read_all(int fd, void *buf, size_t n)
 {
     char *p = buf;
     while (n) {
-        ssize_t k = read(fd, p, n);
+        ssize_t k = eg_sys_read(fd, p, n);
         if (k < 0) {
-            if (errno == EINTR)
+            if (k == -EINTR)
                 continue;
-            return -errno;
+            return (int)k;
         }
         if (k == 0)
             return -ECONNRESET;
@@ -133,17 +134,17 @@ int eg_send_frame(int sock, struct eg_buf *b, const int *fds, int nfds)
     }
     ssize_t sent;
     do {
-        sent = sendmsg(sock, &msg, MSG_NOSIGNAL);
-    } while (sent < 0 && errno == EINTR);
+        sent = eg_sys_sendmsg(sock, &msg, MSG_NOSIGNAL);
+    } while (sent == -EINTR);
     if (sent < 0)
-        return -errno;
+        return (int)sent;
     size_t off = (size_t)sent;
     while (off < b->len) {
-        ssize_t k = send(sock, b->data + off, b->len - off, MSG_NOSIGNAL);
+        ssize_t k = eg_sys_send(sock, b->data + off, b->len - off, MSG_NOSIGNAL);
         if (k < 0) {
-            if (errno == EINTR)
+            if (k == -EINTR)
                 continue;
-            return -errno;
+            return (int)k;
         }
         off += (size_t)k;
     }
@@ -153,7 +154,7 @@ int eg_send_frame(int sock, struct eg_buf *b, const int *fds, int nfds)
 static void close_all(int *fds, int n)
 {
     for (int i = 0; i < n; i++)
-        close(fds[i]);
+        eg_sys_close(fds[i]);
 }
 
 /* Read the 4-byte header with recvmsg, collecting descriptors. Returns payload length or -errno. */
@@ -173,14 +174,13 @@ static ssize_t recv_header(int sock, int *fds, int *nfds, int maxfds, int retry_
             msg.msg_control = control.buf;
             msg.msg_controllen = sizeof control.buf;
         }
-        ssize_t k = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+        ssize_t k = eg_sys_recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
         if (k < 0) {
-            if (errno == EINTR && (retry_eintr || got > 0))
+            if (k == -EINTR && (retry_eintr || got > 0))
                 continue;
-            int e = errno;
             close_all(fds, *nfds);
             *nfds = 0;
-            return -e;
+            return k;
         }
         if (got == 0 && msg.msg_controllen > 0) {
             for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
@@ -192,7 +192,7 @@ static ssize_t recv_header(int sock, int *fds, int *nfds, int maxfds, int retry_
                     if (fds && *nfds < maxfds)
                         fds[(*nfds)++] = in[i];
                     else
-                        close(in[i]); /* unexpected descriptors are dropped */
+                        eg_sys_close(in[i]); /* unexpected descriptors are dropped */
                 }
             }
             if (msg.msg_flags & MSG_CTRUNC) {
@@ -253,9 +253,11 @@ ssize_t eg_recv_frame_mm(int sock, char *buf, size_t cap, char **payload, void *
         return len;
     char *dst = buf;
     if ((size_t)len > cap) {
-        void *m = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (m == MAP_FAILED)
+        long addr = eg_sys_mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE,
+                                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (addr < 0 && addr > -4096)
             return -ENOMEM;
+        void *m = (void *)addr;
         *map = m;
         *maplen = (size_t)len;
         dst = m;
@@ -263,7 +265,7 @@ ssize_t eg_recv_frame_mm(int sock, char *buf, size_t cap, char **payload, void *
     int r = eg_read_all(sock, dst, (size_t)len);
     if (r < 0) {
         if (*map)
-            munmap(*map, *maplen);
+            eg_sys_munmap(*map, *maplen);
         *map = NULL;
         *maplen = 0;
         return r;
@@ -360,17 +362,16 @@ int eg_connect(const char *path)
     memset(&addr, 0, sizeof addr);
     addr.sun_family = AF_UNIX;
     memcpy(addr.sun_path, path, n);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = eg_sys_socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return -errno;
+        return fd;
     int r;
     do {
-        r = connect(fd, (struct sockaddr *)&addr, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1));
-    } while (r < 0 && errno == EINTR);
-    if (r < 0 && errno != EISCONN) { /* EISCONN: an interrupted connect completed */
-        int e = errno;
-        close(fd);
-        return -e;
+        r = eg_sys_connect(fd, &addr, (unsigned)(offsetof(struct sockaddr_un, sun_path) + n + 1));
+    } while (r == -EINTR);
+    if (r < 0 && r != -EISCONN) { /* EISCONN: an interrupted connect completed */
+        eg_sys_close(fd);
+        return r;
     }
     return fd;
 }

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "sys.h"
 
 struct eg_session eg_sess;
 
@@ -95,7 +96,7 @@ const char *eg_getenv(char *const *envp, const char *name)
         return NULL;
     size_t n = strlen(name);
     for (; *envp; envp++)
-        if (strncmp(*envp, name, n) == 0 && (*envp)[n] == '=')
+        if ((*envp)[0] == name[0] && strncmp(*envp, name, n) == 0 && (*envp)[n] == '=')
             return *envp + n + 1;
     return NULL;
 }
@@ -104,14 +105,14 @@ const char *eg_getenv(char *const *envp, const char *name)
 
 int eg_sys_execve(const char *path, char *const *argv, char *const *envp)
 {
-    long r = syscall(SYS_execve, path, argv, envp);
-    return r < 0 ? -errno : 0;
+    long r = EG_SC(SYS_execve, path, argv, envp, 0, 0, 0);
+    return r < 0 ? (int)r : 0;
 }
 
 int eg_sys_execveat(int dirfd, const char *path, char *const *argv, char *const *envp, int flags)
 {
-    long r = syscall(SYS_execveat, dirfd, path, argv, envp, flags);
-    return r < 0 ? -errno : 0;
+    long r = EG_SC(SYS_execveat, dirfd, path, argv, envp, flags, 0);
+    return r < 0 ? (int)r : 0;
 }
 
 int eg_exec_plan(const struct eg_plan *plan)
@@ -376,9 +377,13 @@ static const char *const proxy_names[] = {
 _Static_assert(8 + N_PROXY_NAMES <= sizeof eg_sess.env / sizeof eg_sess.env[0],
                "room for the re-added entries");
 
+/* Whether e is "NAME=..." for one of names. Every exec runs this for every entry of its
+ * environment against every name: the first byte rules out nearly all of them. */
 static int names_entry(const char *e, const char *const *names, size_t count)
 {
     for (size_t i = 0; i < count; i++) {
+        if (e[0] != names[i][0])
+            continue;
         size_t n = strlen(names[i]);
         if (strncmp(e, names[i], n) == 0 && e[n] == '=')
             return 1;
@@ -537,7 +542,7 @@ static size_t env_scan(char *const *envp, const char **preload)
     if (envp)
         for (char *const *e = envp; *e; e++) {
             count++;
-            if (strncmp(*e, "LD_PRELOAD=", 11) == 0)
+            if ((*e)[0] == 'L' && strncmp(*e, "LD_PRELOAD=", 11) == 0)
                 *preload = *e + 11;
         }
     return count;
@@ -613,14 +618,20 @@ struct prog {
     unsigned long long size; /* st_size: a copy of a rule-named file has its size (§6) */
     char *abs;          /* PATH */
     char *real;         /* REALPATH, "" if unknown */
-    char names[2 * EG_PATH]; /* real, then abs: together, so the hot path touches one page */
-    /* A #! script: level k's line names iname[k] (argument iarg[k]), opened as ifd[k]; the
-     * last one is what the kernel would finally run, and what we execute. Level 0 is parsed
-     * by classify(), the rest by open_chain() (only once the script must be asked about). */
     int ninterp;
     int ifd[EG_MAX_INTERP];
+    /* The layout keeps what every exec writes (the fields above and the start of names: two
+     * short paths) together and what only scripts use last: each stack page first written in
+     * a just-forked child is a page fault. */
+    char names[2 * EG_PATH]; /* real, then abs right after it */
+    /* A #! script (only read when kind is K_SCRIPT): level k's line names iname[k] (argument
+     * iarg[k]), opened as ifd[k]; the last one is what the kernel would finally run, and what
+     * we execute. Level 0 is parsed by classify(), the rest by open_chain() (only once the
+     * script must be asked about). script_name: what binfmt_script would give the interpreter
+     * as the script's name. */
     char iname[EG_MAX_INTERP][256];
     char iarg[EG_MAX_INTERP][256];
+    char script_name[EG_PATH + 32];
 };
 
 static void fd_link(char *out, int fd)
@@ -636,7 +647,7 @@ static int read_link(int fd, char *out, size_t cap)
 {
     char link[40];
     fd_link(link, fd);
-    ssize_t n = readlink(link, out, cap - 1);
+    ssize_t n = eg_sys_readlink(link, out, cap - 1);
     if (n < 0 || (size_t)n >= cap - 1) {
         out[0] = '\0';
         return -1;
@@ -705,8 +716,8 @@ static ssize_t read_head(int readfd, char buf[256])
     memset(buf, 0, 256);
     ssize_t n;
     do {
-        n = pread(readfd, buf, 256, 0);
-    } while (n < 0 && errno == EINTR);
+        n = eg_sys_pread(readfd, buf, 256, 0);
+    } while (n == -EINTR);
     return n;
 }
 
@@ -714,7 +725,6 @@ static void classify(struct prog *p, int readfd)
 {
     char buf[256];
     ssize_t n = read_head(readfd, buf);
-    p->iname[0][0] = p->iarg[0][0] = '\0';
     if (n < 0) {
         p->kind = K_OPAQUE;
         return;
@@ -736,16 +746,17 @@ static int open_chain(struct prog *p)
 {
     p->ninterp = 0;
     for (int k = 0; k < EG_MAX_INTERP; k++) {
-        int fd = open(p->iname[k], O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        int fd = eg_sys_openat(AT_FDCWD, p->iname[k], O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
         int readable = fd >= 0;
-        if (fd < 0 && errno == EACCES)
-            fd = open(p->iname[k], O_PATH | O_CLOEXEC);
+        if (fd == -EACCES)
+            fd = eg_sys_openat(AT_FDCWD, p->iname[k], O_PATH | O_CLOEXEC);
         if (fd < 0)
-            return errno;
+            return -fd;
         p->ifd[p->ninterp++] = fd;
         struct stat st;
-        if (fstat(fd, &st) < 0)
-            return errno;
+        int r = eg_sys_fstat(fd, &st);
+        if (r < 0)
+            return -r;
         if (!S_ISREG(st.st_mode) || !(st.st_mode & 0111))
             return EACCES;
         char buf[256];
@@ -776,6 +787,14 @@ static int join(char *out, const char *dir, const char *rel)
     return 0;
 }
 
+/* Join the folder open as dirfd + "/" + rel into out; 0 or -1. noinline: its buffer stays out of
+ * the hot path's frame (see struct prog). */
+__attribute__((noinline)) static int join_at(char *out, int dirfd, const char *rel)
+{
+    char dir[EG_PATH];
+    return read_link(dirfd, dir, sizeof dir) < 0 || join(out, dir, rel) < 0 ? -1 : 0;
+}
+
 /* Open the program as the kernel would find it. 0 or an errno the kernel would give. */
 static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *path, int fd_in,
                      int atflags)
@@ -788,15 +807,14 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
     p->mode = 0;
     p->nlink = 0;
     p->size = 0;
-    p->real = p->names;
-    p->abs = p->names + EG_PATH; /* moved next to real once real is known */
-    p->real[0] = p->abs[0] = p->iname[0][0] = p->iarg[0][0] = '\0';
+    p->real = p->abs = p->names; /* abs is moved next to real once real is known */
+    p->real[0] = '\0';
     p->ninterp = 0;
 
     if (!path || (!*path && (atflags & AT_EMPTY_PATH))) {
         /* fexecve / execveat(fd, "", AT_EMPTY_PATH) */
         int fd = path ? dirfd : fd_in;
-        if (fd < 0 || fstat(fd, &st) < 0)
+        if (fd < 0 || eg_sys_fstat(fd, &st) < 0)
             return EBADF;
         if (!S_ISREG(st.st_mode) || !(st.st_mode & 0111))
             return EACCES;
@@ -805,14 +823,14 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
         p->abs = p->real;
         char link[40];
         fd_link(link, fd);
-        int r = open(link, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        int r = eg_sys_openat(AT_FDCWD, link, O_RDONLY | O_CLOEXEC | O_NOCTTY);
         if (r >= 0) {
             struct stat st2;
-            if (fstat(r, &st2) == 0 && st2.st_dev == st.st_dev && st2.st_ino == st.st_ino)
+            if (eg_sys_fstat(r, &st2) == 0 && st2.st_dev == st.st_dev && st2.st_ino == st.st_ino)
                 classify(p, r);
             else
                 p->kind = K_OPAQUE;
-            close(r);
+            eg_sys_close(r);
         } else {
             p->kind = K_OPAQUE;
         }
@@ -833,27 +851,27 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
      * block us (it is refused below, as the kernel would). A file we may not read (mode --x)
      * is opened O_PATH: the kernel can still execute that descriptor. */
     int nofollow = (atflags & AT_SYMLINK_NOFOLLOW) ? O_NOFOLLOW : 0;
-    int fd = openat(dirfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | nofollow);
+    int fd = eg_sys_openat(dirfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | nofollow);
     int readable = fd >= 0;
     if (fd < 0) {
-        int e = errno;
+        int e = -fd;
         if (e != EACCES && e != ENXIO && e != EOPNOTSUPP && e != ELOOP && e != EPERM)
             return e;
-        fd = openat(dirfd, path, O_PATH | O_CLOEXEC | nofollow);
+        fd = eg_sys_openat(dirfd, path, O_PATH | O_CLOEXEC | nofollow);
         if (fd < 0)
-            return errno;
+            return -fd;
     }
-    if (fstat(fd, &st) < 0) {
-        int e = errno;
-        close(fd);
-        return e;
+    int r = eg_sys_fstat(fd, &st);
+    if (r < 0) {
+        eg_sys_close(fd);
+        return -r;
     }
     if (S_ISLNK(st.st_mode)) { /* O_PATH|O_NOFOLLOW opened the link itself */
-        close(fd);
+        eg_sys_close(fd);
         return ELOOP;
     }
     if (!S_ISREG(st.st_mode) || !(st.st_mode & 0111)) {
-        close(fd);
+        eg_sys_close(fd);
         return EACCES;
     }
     p->mode = st.st_mode;
@@ -875,10 +893,8 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
     } else if (dirfd == AT_FDCWD) {
         if (!cwd[0] || join(p->abs, cwd, path) < 0)
             memcpy(p->abs, path, plen + 1);
-    } else {
-        char dir[EG_PATH];
-        if (read_link(dirfd, dir, sizeof dir) < 0 || join(p->abs, dir, path) < 0)
-            memcpy(p->abs, path, plen + 1);
+    } else if (join_at(p->abs, dirfd, path) < 0) {
+        memcpy(p->abs, path, plen + 1);
     }
     return 0;
 }
@@ -886,11 +902,11 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
 static void prog_close(struct prog *p)
 {
     if (p->own_fd && p->fd >= 0)
-        close(p->fd);
+        eg_sys_close(p->fd);
     p->fd = -1;
     p->own_fd = 0;
     for (int k = 0; k < p->ninterp; k++)
-        close(p->ifd[k]);
+        eg_sys_close(p->ifd[k]);
     p->ninterp = 0;
 }
 
@@ -1060,13 +1076,13 @@ static int leaves_the_gate(const struct prog *p)
 {
     if ((p->mode & S_ISUID) || (p->mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP))
         return 1;
-    ssize_t n = fgetxattr(p->fd, "security.capability", NULL, 0);
-    if (n < 0 && errno == EBADF) { /* an O_PATH descriptor (execute-only file) */
+    ssize_t n = eg_sys_fgetxattr(p->fd, "security.capability", NULL, 0);
+    if (n == -EBADF) { /* an O_PATH descriptor (execute-only file) */
         char link[40];
         fd_link(link, p->fd);
-        n = getxattr(link, "security.capability", NULL, 0);
+        n = eg_sys_getxattr(link, "security.capability", NULL, 0);
     }
-    return n >= 0 || (errno != ENODATA && errno != ENOTSUP);
+    return n >= 0 || (n != -ENODATA && n != -ENOTSUP);
 }
 
 static int snap_says_ask(const struct prog *p);
@@ -1087,7 +1103,7 @@ static int snap_says_ask(const struct prog *p)
     int cur = __atomic_load_n(&snap_cur, __ATOMIC_ACQUIRE);
     if (cur >= 0) {
         struct stat st;
-        if (stat(eg_sess.snap, &st) < 0)
+        if (eg_sys_fstatat(AT_FDCWD, eg_sess.snap, &st, 0) < 0)
             return 1;
         if (same_snap(&snap_slots[cur], &st))
             return snap_match(&snap_slots[cur], p);
@@ -1095,19 +1111,20 @@ static int snap_says_ask(const struct prog *p)
 
     /* a new snapshot: map it (mappings are never unmapped once published: other threads, or
      * the parent of a vfork child, may be reading them) */
-    int fd = open(eg_sess.snap, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    int fd = eg_sys_openat(AT_FDCWD, eg_sess.snap, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0)
         return 1;
     struct stat fst;
-    if (fstat(fd, &fst) < 0 || !S_ISREG(fst.st_mode) || fst.st_size < SNAP_HEADER ||
+    if (eg_sys_fstat(fd, &fst) < 0 || !S_ISREG(fst.st_mode) || fst.st_size < SNAP_HEADER ||
         fst.st_size > (1LL << 30)) {
-        close(fd);
+        eg_sys_close(fd);
         return 1;
     }
-    void *base = mmap(NULL, (size_t)fst.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (base == MAP_FAILED)
+    long addr = eg_sys_mmap(NULL, (size_t)fst.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    eg_sys_close(fd);
+    if (addr < 0 && addr > -4096)
         return 1;
+    void *base = (void *)addr;
     struct snap_map tmp = {
         .base = base,
         .size = (size_t)fst.st_size,
@@ -1124,7 +1141,7 @@ static int snap_says_ask(const struct prog *p)
         snap_slots[idx] = tmp;
         __atomic_store_n(&snap_cur, idx, __ATOMIC_RELEASE);
     } else {
-        munmap(base, tmp.size); /* out of slots: no caching from now on */
+        eg_sys_munmap(base, tmp.size); /* out of slots: no caching from now on */
     }
     return ask;
 }
@@ -1190,8 +1207,8 @@ static void ask(const struct eg_call *c, const struct prog *p, const char *cwd, 
     eg_put(&b, "exec");
     eg_put(&b, eg_sess.token);
     eg_put(&b, c->via);
-    eg_put_long(&b, getpid());
-    eg_put_long(&b, getppid());
+    eg_put_long(&b, eg_sys_getpid());
+    eg_put_long(&b, eg_sys_getppid());
     eg_put(&b, cwd);
     eg_put(&b, p->abs);
     eg_put_long(&b, p->ninterp);
@@ -1229,12 +1246,12 @@ static void ask(const struct eg_call *c, const struct prog *p, const char *cwd, 
     int r = eg_send_frame(sock, &b, fds, 1 + p->ninterp);
     if (r < 0) {
         set_error(a, "cannot send the request to the execgate server", NULL, -r);
-        close(sock);
+        eg_sys_close(sock);
         return;
     }
     char *payload;
     ssize_t len = eg_recv_frame_mm(sock, ans, ANSWER_CAP, &payload, ans_map, ans_maplen);
-    close(sock);
+    eg_sys_close(sock);
     if (len == -ENODATA) {
         set_error(a, "the execgate server closed the connection without answering", NULL, 0);
         return;
@@ -1287,15 +1304,17 @@ static void ask(const struct eg_call *c, const struct prog *p, const char *cwd, 
 /* ---------------------------------------------------------------- one attempt */
 
 struct work {
-    char cwd[EG_PATH];
-    int have_cwd;
+    int have_cwd;       /* cwd is filled in (only when an exec needs it) */
     char *const *envp;  /* re-injected environment */
+    char cwd[EG_PATH];  /* last: not touched unless needed (see struct prog's names) */
 };
 
 static const char *get_cwd(struct work *w)
 {
     if (!w->have_cwd) {
-        if (!getcwd(w->cwd, sizeof w->cwd))
+        /* the kernel's answer; glibc's getcwd also refuses one that is not absolute
+         * ("(unreachable)/..." for a folder outside this process's root) */
+        if (eg_sys_getcwd(w->cwd, sizeof w->cwd) <= 0 || w->cwd[0] != '/')
             w->cwd[0] = '\0';
         w->have_cwd = 1;
     }
@@ -1303,6 +1322,20 @@ static const char *get_cwd(struct work *w)
 }
 
 #define STACK_MAX (64 * 1024)
+
+/* noinline: its buffer stays out of attempt's frame (see struct prog) */
+__attribute__((noinline)) static void deny_no_wrapper(char *const *argv, const char *path, int err)
+{
+    char detail[EG_PATH + 64];
+    struct sb s = {detail, 0, sizeof detail};
+    detail[0] = '\0';
+    sb_str(&s, " (");
+    sb_str(&s, eg_sess.wrapper);
+    sb_str(&s, ": ");
+    sb_str(&s, eg_strerror(err));
+    sb_str(&s, ")");
+    eg_deny_line(argv, path, "cannot start the execgate wrapper", detail);
+}
 
 /* The file the server denied last in this process (pid 0: none). */
 static struct {
@@ -1355,7 +1388,7 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
      * after a denial, which often holds the same file (/usr/bin/rm and /bin/rm): refuse that
      * very next attempt on the same file without asking (and prompting) again. */
     if (__atomic_load_n(&last_denied.pid, __ATOMIC_RELAXED) != 0) {
-        pid_t pid = getpid();
+        pid_t pid = eg_sys_getpid();
         int same = last_denied.pid == pid && last_denied.dev == p.dev && last_denied.ino == p.ino;
         __atomic_store_n(&last_denied.pid, 0, __ATOMIC_RELAXED);
         if (same) {
@@ -1372,7 +1405,7 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
     }
 
     /* A script: what binfmt_script would give its interpreter as the script's name. */
-    char script_name[EG_PATH + 32];
+    char *script_name = p.script_name;
     if (p.kind == K_SCRIPT) {
         int named_by = -1;
         if (!path || !*path)
@@ -1380,12 +1413,12 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
         else if (path[0] != '/' && dirfd != AT_FDCWD)
             named_by = dirfd;
         if (named_by >= 0) { /* "/dev/fd/N[/path]": gone after the exec if close-on-exec */
-            int fl = fcntl(named_by, F_GETFD);
+            int fl = eg_sys_fcntl(named_by, F_GETFD, 0);
             if (fl < 0 || (fl & FD_CLOEXEC)) {
                 prog_close(&p);
                 return ENOENT;
             }
-            struct sb s = {script_name, 0, sizeof script_name};
+            struct sb s = {script_name, 0, sizeof p.script_name};
             char num[24];
             num[eg_fmt_long(num, named_by)] = '\0';
             sb_str(&s, "/dev/fd/");
@@ -1396,7 +1429,7 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
             }
         } else {
             size_t n = strlen(path);
-            if (n >= sizeof script_name) {
+            if (n >= sizeof p.script_name) {
                 prog_close(&p);
                 return ENAMETOOLONG;
             }
@@ -1419,8 +1452,8 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
     char vla[total <= STACK_MAX ? total : 1] __attribute__((aligned(16)));
     char *mem = vla;
     if (total > STACK_MAX) {
-        map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (map == MAP_FAILED) {
+        map = eg_sys_map_anon(total);
+        if (!map) {
             prog_close(&p);
             eg_deny_line(argv, path ? path : p.abs, "out of memory", NULL);
             c->denied = 1;
@@ -1462,7 +1495,7 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
         err = EACCES;
         last_denied.dev = p.dev;
         last_denied.ino = p.ino;
-        __atomic_store_n(&last_denied.pid, getpid(), __ATOMIC_RELAXED);
+        __atomic_store_n(&last_denied.pid, eg_sys_getpid(), __ATOMIC_RELAXED);
         break;
     case V_ESCALATE:
         if (!eg_sess.wrapper[0]) {
@@ -1477,15 +1510,7 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
         plan.argv = argv_copy;
         err = run(ctx, &plan);
         if (err) {
-            char detail[EG_PATH + 64];
-            struct sb s = {detail, 0, sizeof detail};
-            detail[0] = '\0';
-            sb_str(&s, " (");
-            sb_str(&s, eg_sess.wrapper);
-            sb_str(&s, ": ");
-            sb_str(&s, eg_strerror(err));
-            sb_str(&s, ")");
-            eg_deny_line(argv, p.abs, "cannot start the execgate wrapper", detail);
+            deny_no_wrapper(argv, p.abs, err);
             c->denied = 1;
             err = EACCES;
         }
@@ -1497,9 +1522,9 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
         break;
     }
     if (ans_map)
-        munmap(ans_map, ans_maplen);
+        eg_sys_munmap(ans_map, ans_maplen);
     if (map)
-        munmap(map, total);
+        eg_sys_munmap(map, total);
     prog_close(&p);
     return err;
 }
@@ -1518,8 +1543,8 @@ static int sh_fallback(struct eg_call *c, struct work *w, const char *file, char
     char *vla[bytes <= STACK_MAX ? n : 1];
     char **nargv = vla;
     if (bytes > STACK_MAX) {
-        map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (map == MAP_FAILED)
+        map = eg_sys_map_anon(bytes);
+        if (!map)
             return ENOMEM;
         nargv = map;
     }
@@ -1531,11 +1556,13 @@ static int sh_fallback(struct eg_call *c, struct work *w, const char *file, char
     nargv[i] = NULL;
     int r = attempt(c, w, AT_FDCWD, "/bin/sh", 0, nargv, run, ctx);
     if (map)
-        munmap(map, bytes);
+        eg_sys_munmap(map, bytes);
     return r;
 }
 
-static int search(struct eg_call *c, struct work *w, eg_run_fn run, void *ctx)
+/* noinline: its candidate buffer stays out of eg_gate's frame (see struct prog) */
+__attribute__((noinline)) static int search(struct eg_call *c, struct work *w, eg_run_fn run,
+                                            void *ctx)
 {
     const char *file = c->path;
     size_t flen = strlen(file);
@@ -1590,15 +1617,14 @@ int eg_gate(struct eg_call *c, eg_run_fn run, void *ctx)
     }
     struct work w;
     w.have_cwd = 0;
-    w.cwd[0] = '\0';
 
     size_t esz = eg_env_size(c->envp);
     void *map = NULL;
     char vla[esz <= STACK_MAX ? esz : 1] __attribute__((aligned(16)));
     void *mem = vla;
     if (esz > STACK_MAX) {
-        map = mmap(NULL, esz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (map == MAP_FAILED) {
+        map = eg_sys_map_anon(esz);
+        if (!map) {
             eg_deny_line(c->argv, c->path, "out of memory", NULL);
             c->denied = 1;
             return EACCES;
@@ -1621,6 +1647,36 @@ int eg_gate(struct eg_call *c, eg_run_fn run, void *ctx)
         r = search(c, &w, run, ctx);
     }
     if (map)
-        munmap(map, esz);
+        eg_sys_munmap(map, esz);
     return r;
+}
+
+/* ---------------------------------------------------------------- the front's first program */
+
+int eg_snapshot_verdict(const void *snap, size_t len, const char *cwd, const char *path,
+                        const char *wrapper, char *real, size_t real_cap, int *fd_out)
+{
+    struct prog p;
+    int err = prog_open(&p, cwd, AT_FDCWD, path, -1, 0);
+    if (err)
+        return -err;
+    struct snap_map m = {.base = snap, .size = len};
+    snap_validate(&m);
+    /* exactly the interposer's decision (snap_needs_ask), with this snapshot instead of the
+     * session's; the wrapper (a gate of its own) is left to the server */
+    int ask = !p.real[0] || p.nlink > 1 || snap_match(&m, &p) || leaves_the_gate(&p) ||
+              (wrapper && wrapper[0] && eq(p.real, wrapper));
+    size_t n = strlen(p.real);
+    if (n + 1 > real_cap) {
+        ask = 1;
+        n = 0;
+    }
+    memcpy(real, p.real, n);
+    real[n] = '\0';
+    if (!ask && fd_out && p.own_fd) { /* the very file judged, for the caller to execute */
+        *fd_out = p.fd;
+        p.own_fd = 0;
+    }
+    prog_close(&p);
+    return ask;
 }

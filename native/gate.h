@@ -133,6 +133,17 @@ int eg_exec_plan(const struct eg_plan *plan);
 __attribute__((noreturn)) void eg_claim(const char *ticket, char *const *envp, char *const *cmd,
                                         int in_process);
 
+/* The interposer's snapshot check (protocol §6) for the program at path (absolute, or relative
+ * to cwd), with the snapshot snap (len bytes, validated here) instead of the session's: 1 = it
+ * must ask the server (a rule may name it, a script, set-id, several links, ASK_ALWAYS, a
+ * malformed snapshot, the wrapper (a gate of its own), …), 0 = it runs without asking, -errno =
+ * it cannot be opened as the kernel would open it. fd_out (may be NULL): on 0, the descriptor
+ * (close-on-exec) of the file that was judged, the caller's to execute and close. real (real_cap bytes) receives its canonical path ("" when unknown). For the
+ * native front of `execgate run` (docs/protocol.md §8); not async-signal-safe only in that it
+ * is not meant for signal handlers (no malloc, no stdio). */
+int eg_snapshot_verdict(const void *snap, size_t len, const char *cwd, const char *path,
+                        const char *wrapper, char *real, size_t real_cap, int *fd_out);
+
 /* Small helpers. */
 const char *eg_basename(const char *path);
 const char *eg_strerror(int err);  /* static English text for the errnos an exec can give */

@@ -6,9 +6,16 @@
  * non-interposable posix_spawn and which are therefore re-implemented here on top of the gated
  * one.
  *
- * The exec path is async-signal-safe and vfork-safe: no malloc, no stdio, no locks; the real
- * posix_spawn/pclose are resolved in the constructor (dlsym is not safe in a vfork child), and
- * execs are raw syscalls (so nothing here is re-entered).
+ * The exec path is async-signal-safe and vfork-safe: no malloc, no stdio, no locks, no libc
+ * call at all (raw syscalls, sys.h; the string functions are the library's own, strings.c), so
+ * nothing here is re-entered and no lazy binding happens in a vfork child. posix_spawn, system,
+ * popen and pclose keep glibc's contracts (none of them is async-signal- or vfork-safe): the real
+ * posix_spawn/pclose are looked up at their first call.
+ *
+ * Every program a gated process starts loads this library, so loading it does as little as
+ * possible: no symbol is bound before its first call (no -z now), the constructor makes two
+ * system calls (getpid, and prctl only after an exec by descriptor), reads no file and maps
+ * nothing.
  *
  * An escalated exec is claimed in this very process (eg_claim) when that is safe: the process
  * is not a vfork child (whose parent is suspended until the exec) and has no other thread (an
@@ -19,6 +26,8 @@
  * wrapper asks and executes by descriptor (docs/protocol.md §3).
  */
 #include <dlfcn.h>
+#include <link.h>
+#include <linux/kcmp.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -27,8 +36,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/auxv.h>
-#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -38,6 +45,7 @@
 
 #include "common.h"
 #include "gate.h"
+#include "sys.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -47,28 +55,45 @@ typedef int (*spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t 
                         const posix_spawnattr_t *, char *const[], char *const[]);
 typedef int (*pclose_fn)(FILE *);
 
-static spawn_fn real_posix_spawn;
-static pclose_fn real_pclose;
+static spawn_fn real_posix_spawn_fn;
+static pclose_fn real_pclose_fn;
 
-/* The pid of this process as of its start or its fork(): a process whose getpid() differs is a
- * vfork child (glibc runs atfork handlers for fork(), not for vfork() or posix_spawn's clone),
- * or was made by a raw clone. */
+/* libc's own function NAME, looked up at the first call (once per process; a race only looks it
+ * up twice). */
+static void *real_fn(void **slot, const char *name)
+{
+    void *fn = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (!fn) {
+        fn = dlsym(RTLD_NEXT, name);
+        __atomic_store_n(slot, fn, __ATOMIC_RELEASE);
+    }
+    return fn;
+}
+
+static spawn_fn real_posix_spawn(void)
+{
+    return (spawn_fn)real_fn((void **)&real_posix_spawn_fn, "posix_spawn");
+}
+
+static pclose_fn real_pclose(void) { return (pclose_fn)real_fn((void **)&real_pclose_fn, "pclose"); }
+
+/* The pid of this process as of its start: a process whose getpid() differs is a child that
+ * did not exec (fork, vfork, posix_spawn's or a raw clone). */
 static pid_t own_pid;
-
-static void forked_child(void) { own_pid = (pid_t)syscall(SYS_getpid); }
 
 /* ---------------------------------------------------------------- load */
 
 /* After an exec by descriptor (execveat AT_EMPTY_PATH, or posix_spawn of /proc/self/fd/N) older
  * kernels name the process after the descriptor number; give it back the name an exec by path
- * would have given: the basename of the program as invoked (argv[0]). */
+ * would have given: the basename of the program as invoked (argv[0]). Every exec in a session
+ * is by descriptor, so an all-digit name is taken to be one (asking the loader how this process
+ * was exec'd, getauxval(AT_EXECFN), would cost a libc page and a symbol lookup in every
+ * process); a program that is really named with digits only keeps its name when argv[0] says
+ * the same. */
 static void restore_comm(char **argv)
 {
-    const char *fn = (const char *)getauxval(AT_EXECFN);
-    if (!fn || (strncmp(fn, "/dev/fd/", 8) != 0 && strncmp(fn, "/proc/self/fd/", 14) != 0))
-        return;
     char comm[17] = {0};
-    if (prctl(PR_GET_NAME, comm, 0, 0, 0) != 0 || !comm[0])
+    if (eg_sys_prctl(PR_GET_NAME, (unsigned long)comm, 0) != 0 || !comm[0])
         return;
     for (const char *c = comm; *c; c++)
         if (*c < '0' || *c > '9')
@@ -76,21 +101,28 @@ static void restore_comm(char **argv)
     if (argv && argv[0] && argv[0][0]) {
         const char *name = eg_basename(argv[0]);
         if (*name)
-            prctl(PR_SET_NAME, name, 0, 0, 0);
+            eg_sys_prctl(PR_SET_NAME, (unsigned long)name, 0);
     }
+}
+
+/* This library's own path, as the dynamic loader loaded it: the entry of the loader's list of
+ * objects (<link.h>'s r_debug, the debuggers' interface) whose dynamic section is ours. Read
+ * without dladdr: no libc call, no loader lock, no symbol bound at load (the constructor runs
+ * single-threaded at start-up, or inside the dlopen that holds the loader's lock). */
+extern ElfW(Dyn) _DYNAMIC[] __attribute__((visibility("hidden")));
+
+static const char *own_path(void)
+{
+    for (const struct link_map *m = _r_debug.r_map; m; m = m->l_next)
+        if (m->l_ld == _DYNAMIC)
+            return m->l_name && m->l_name[0] == '/' ? m->l_name : NULL;
+    return NULL;
 }
 
 __attribute__((constructor)) static void execgate_init(int argc, char **argv, char **envp)
 {
-    own_pid = getpid();
-    pthread_atfork(NULL, NULL, forked_child);
-    real_posix_spawn = (spawn_fn)dlsym(RTLD_NEXT, "posix_spawn");
-    real_pclose = (pclose_fn)dlsym(RTLD_NEXT, "pclose");
-    Dl_info info;
-    const char *self = NULL;
-    if (dladdr((void *)execgate_init, &info) && info.dli_fname && info.dli_fname[0] == '/')
-        self = info.dli_fname;
-    eg_session_load(envp ? envp : environ, self);
+    own_pid = eg_sys_getpid();
+    eg_session_load(envp ? envp : environ, own_path());
     restore_comm(argv);
 }
 
@@ -104,15 +136,21 @@ static inline const void *launder(const void *p)
     return p;
 }
 
-/* May this exec turn the process into the claim itself? Not in a vfork child (or anything but
- * the process we started as or forked into), and not with other threads: an exec would have
- * ended them, a claim would let them run on (/proc/self/task has 2 + threads links). */
+/* May this exec turn the process into the claim itself? Not in a process that shares its memory
+ * with its parent (a vfork child, whose parent is suspended until the exec; a CLONE_VM clone),
+ * and not with other threads: an exec would have ended them, a claim would let them run on
+ * (/proc/self/task has 2 + threads links). A child is told from a vfork child by the kernel
+ * (kcmp KCMP_VM against the parent), only when an escalation is claimed: no fork handler is
+ * registered at load (that would cost every process a libc page and a write). Unknown (kcmp
+ * refused) means no: the wrapper then claims. */
 static int claim_here(void)
 {
-    if ((pid_t)syscall(SYS_getpid) != own_pid)
+    pid_t pid = eg_sys_getpid();
+    if (pid != own_pid &&
+        EG_SC(SYS_kcmp, pid, eg_sys_getppid(), KCMP_VM, 0, 0, 0) <= 0) /* 0: the same memory */
         return 0;
     struct stat st;
-    return stat("/proc/self/task", &st) == 0 && st.st_nlink == 3;
+    return eg_sys_fstatat(AT_FDCWD, "/proc/self/task", &st, 0) == 0 && st.st_nlink == 3;
 }
 
 static int exec_run(void *ctx, const struct eg_plan *plan)
@@ -277,7 +315,8 @@ struct spawn_ctx {
 static int spawn_run(void *vctx, const struct eg_plan *plan)
 {
     struct spawn_ctx *x = vctx;
-    if (!real_posix_spawn)
+    spawn_fn spawn = real_posix_spawn();
+    if (!spawn)
         return ENOSYS;
     if (plan->how != EG_HOW_GATE)
         return EINVAL;
@@ -302,7 +341,7 @@ static int spawn_run(void *vctx, const struct eg_plan *plan)
     for (size_t i = 0; i < argc; i++)
         argv[2 + i] = plan->argv[i];
     argv[argc + 2] = NULL;
-    int r = real_posix_spawn(x->pid, eg_sess.wrapper, x->fa, x->attr, argv, plan->envp);
+    int r = spawn(x->pid, eg_sess.wrapper, x->fa, x->attr, argv, plan->envp);
     if (map)
         munmap(map, bytes);
     return r;
@@ -530,8 +569,9 @@ EXPORT int pclose(FILE *fp)
     }
     spin_unlock(&popen_lock);
     if (!found) {
-        if (real_pclose)
-            return real_pclose(fp);
+        pclose_fn real = real_pclose();
+        if (real)
+            return real(fp);
         errno = EINVAL;
         return -1;
     }

@@ -26,6 +26,7 @@
 #include "gitrepo.h"
 #include "netns.h"
 #include "sandbox.h"
+#include "tree.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -139,6 +140,7 @@ static struct rlimit g_nofile; /* as inherited: restored in children */
 static struct proc *g_procs;
 static size_t g_nprocs, g_capprocs;
 static int g_claim = -1;      /* the claim socket (listening), or -1 */
+static int g_status_fd = -1;  /* --status-fd: where the main program's wait status goes, or -1 */
 static uid_t g_uid;
 static struct conn **g_conns; /* open claim connections */
 static size_t g_nconns, g_capconns;
@@ -301,6 +303,20 @@ static void restore_terminal(pid_t pgid)
     close(tty);
 }
 
+/* --status-fd: the main program's wait status in decimal and a newline, once (the native
+ * front of `execgate run` exits with it; the control channel is its server's). */
+static void report_status(int status)
+{
+    if (g_status_fd < 0)
+        return;
+    char line[32];
+    size_t n = eg_fmt_long(line, status);
+    line[n++] = '\n';
+    (void)eg_write_all(g_status_fd, line, n);
+    close(g_status_fd);
+    g_status_fd = -1;
+}
+
 /* Reap every child that is ready. 1: reaped some, 0: none ready, -1: no children left. */
 static int reap(void)
 {
@@ -324,8 +340,10 @@ static int reap(void)
         if (p->conn) {
             claim_ended(p->conn, p->state == P_RUNNING, st);
         } else if (p->state == P_RUNNING) {
-            if (p->main) /* before telling: the server may use the terminal right away */
+            if (p->main) { /* before telling: the server may use the terminal right away */
                 restore_terminal(p->pgid);
+                report_status(st);
+            }
             send_exited(p->id, st);
         }
         if (p->last)
@@ -335,188 +353,6 @@ static int reap(void)
 }
 
 /* -- killing the session -------------------------------------------------------------------- */
-
-/* /proc/PID/stat: parent pid and start time (clock ticks since boot). */
-static int read_stat(pid_t pid, pid_t *ppid, unsigned long long *start)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')'); /* comm may contain anything */
-    if (!p)
-        return -1;
-    p++;
-    /* fields after comm: 3 state, 4 ppid, …, 22 starttime */
-    int field = 2;
-    char *save = NULL;
-    for (char *tok = strtok_r(p, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
-        field++;
-        if (field == 4 && ppid)
-            *ppid = (pid_t)strtol(tok, NULL, 10);
-        if (field == 22) {
-            if (start)
-                *start = strtoull(tok, NULL, 10);
-            return 0;
-        }
-    }
-    return -1;
-}
-
-struct pidvec {
-    pid_t *v;
-    size_t n, cap;
-};
-
-static int pidvec_push(struct pidvec *pv, pid_t pid)
-{
-    if (pv->n == pv->cap) {
-        size_t cap = pv->cap ? pv->cap * 2 : 64;
-        pid_t *v = realloc(pv->v, cap * sizeof *v);
-        if (!v)
-            return -1;
-        pv->v = v;
-        pv->cap = cap;
-    }
-    pv->v[pv->n++] = pid;
-    return 0;
-}
-
-/* Append the children of every thread of pid (/proc/PID/task/TID/children). */
-static void read_children(pid_t pid, struct pidvec *out)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-    DIR *d = opendir(path);
-    if (!d)
-        return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] < '0' || e->d_name[0] > '9')
-            continue;
-        char file[300];
-        snprintf(file, sizeof file, "/proc/%d/task/%s/children", (int)pid, e->d_name);
-        int fd = open(file, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        char buf[4096], num[16];
-        size_t nl = 0;
-        ssize_t k;
-        while ((k = read(fd, buf, sizeof buf)) > 0) {
-            for (ssize_t i = 0; i < k; i++) {
-                if (buf[i] >= '0' && buf[i] <= '9') {
-                    if (nl < sizeof num - 1)
-                        num[nl++] = buf[i];
-                } else if (nl) {
-                    num[nl] = '\0';
-                    (void)pidvec_push(out, (pid_t)atoi(num));
-                    nl = 0;
-                }
-            }
-        }
-        if (nl) {
-            num[nl] = '\0';
-            (void)pidvec_push(out, (pid_t)atoi(num));
-        }
-        close(fd);
-    }
-    closedir(d);
-}
-
-/* Send sig to pid, a process we found as a child of parent. Through a pidfd opened before the
- * parent check, so a pid that was reaped and reused meanwhile is never signalled: the pidfd
- * names one process for good, and the check shows that process was parent's child. */
-static int signal_child_of(pid_t pid, pid_t parent, int sig, int also_cont,
-                           unsigned long long *start)
-{
-    pid_t ppid = -1;
-    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
-    if (fd < 0 && errno != ENOSYS)
-        return -1; /* gone already */
-    if (read_stat(pid, &ppid, start) < 0 || ppid != parent) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    if (fd >= 0) {
-        syscall(SYS_pidfd_send_signal, fd, sig, NULL, 0);
-        if (also_cont)
-            syscall(SYS_pidfd_send_signal, fd, SIGCONT, NULL, 0);
-        close(fd);
-    } else { /* kernel without pidfds (< 5.3): small reuse window */
-        kill(pid, sig);
-        if (also_cont)
-            kill(pid, SIGCONT);
-    }
-    return 0;
-}
-
-/* Signal every descendant, top-down (breadth first). Returns how many were signalled. */
-static size_t signal_descendants(int sig, int also_cont)
-{
-    struct pidvec queue = {0};
-    unsigned long long *starts = NULL;
-    size_t count = 0;
-
-    struct pidvec kids = {0};
-    read_children(g_self, &kids);
-    for (size_t i = 0; i < kids.n; i++) {
-        /* Our own children cannot be reused before we reap them: plain kill is exact. */
-        if (kill(kids.v[i], sig) == 0) {
-            count++;
-            if (also_cont)
-                kill(kids.v[i], SIGCONT);
-        }
-        unsigned long long st = 0;
-        if (read_stat(kids.v[i], NULL, &st) == 0 && pidvec_push(&queue, kids.v[i]) == 0) {
-            unsigned long long *s = realloc(starts, queue.n * sizeof *s);
-            if (!s) {
-                queue.n--;
-                continue;
-            }
-            starts = s;
-            starts[queue.n - 1] = st;
-        }
-    }
-    free(kids.v);
-
-    for (size_t qi = 0; qi < queue.n && queue.n < (1u << 22); qi++) {
-        pid_t parent = queue.v[qi];
-        struct pidvec ch = {0};
-        read_children(parent, &ch);
-        unsigned long long again = 0;
-        /* The list is parent's only if parent is still the process we queued. */
-        if (read_stat(parent, NULL, &again) < 0 || again != starts[qi]) {
-            free(ch.v);
-            continue;
-        }
-        for (size_t i = 0; i < ch.n; i++) {
-            unsigned long long st = 0;
-            if (signal_child_of(ch.v[i], parent, sig, also_cont, &st) < 0)
-                continue;
-            count++;
-            if (pidvec_push(&queue, ch.v[i]) < 0)
-                continue;
-            unsigned long long *s = realloc(starts, queue.n * sizeof *s);
-            if (!s) {
-                queue.n--;
-                continue;
-            }
-            starts = s;
-            starts[queue.n - 1] = st;
-        }
-        free(ch.v);
-    }
-    free(queue.v);
-    free(starts);
-    return count;
-}
 
 /* Wait up to ms for a signal on the signalfd (drained); SIGCHLD is handled by the caller. */
 static void wait_signal(long long ms)
@@ -539,7 +375,7 @@ static void shutdown_session(long long grace_ms) __attribute__((noreturn));
 static void shutdown_session(long long grace_ms)
 {
     if (reap() >= 0) {
-        signal_descendants(SIGTERM, 1);
+        eg_signal_descendants(g_self, 0, SIGTERM, 1);
         long long deadline = now_ms() + grace_ms;
         while (reap() >= 0) {
             long long left = deadline - now_ms();
@@ -551,7 +387,7 @@ static void shutdown_session(long long grace_ms)
     long long limit = now_ms() + KILL_ROUNDS_MS;
     int status = 0;
     while (reap() >= 0) {
-        signal_descendants(SIGKILL, 0);
+        eg_signal_descendants(g_self, 0, SIGKILL, 0);
         if (reap() < 0)
             break;
         if (now_ms() > limit) {
@@ -1650,7 +1486,7 @@ static int control_step(void)
 
 static void usage(void)
 {
-    note("usage: execgate-launch --control FD [--claim-fd FD] [--terminal FD] "
+    note("usage: execgate-launch --control FD [--claim-fd FD] [--terminal FD] [--status-fd FD] "
          "[--known-carveouts DEV:INO,...] "
          "[--sandbox read-only|workspace-write|off] "
          "[--writable DIR]... [--readonly PATH]... [--protect NAME]... [--hide DIR]... "
@@ -1673,7 +1509,7 @@ static int parse_fd(const char *opt, const char *text, long long *out)
 int main(int argc, char **argv)
 {
     int probe = 0;
-    long long control = -1, claim = -1, terminal = -1;
+    long long control = -1, claim = -1, terminal = -1, status_fd = -1;
     char err[256];
     /* Claim buffers of 1 MiB and more are mapped and go back to the system when freed (a
      * fixed threshold: glibc's adaptive one would keep them in the heap after the first). */
@@ -1694,6 +1530,9 @@ int main(int argc, char **argv)
                 return 2;
         } else if (!strcmp(argv[i], "--claim-fd") && i + 1 < argc) {
             if (parse_fd("--claim-fd", argv[++i], &claim) < 0)
+                return 2;
+        } else if (!strcmp(argv[i], "--status-fd") && i + 1 < argc) {
+            if (parse_fd("--status-fd", argv[++i], &status_fd) < 0)
                 return 2;
         } else if (!strcmp(argv[i], "--known-carveouts") && i + 1 < argc) {
             if (gr_known_carveouts(argv[++i]) < 0) {
@@ -1739,6 +1578,14 @@ int main(int argc, char **argv)
             return 2;
         }
         fcntl(g_sandbox.proxy_report, F_SETFD, FD_CLOEXEC);
+    }
+    if (status_fd >= 0) {
+        if (fcntl((int)status_fd, F_GETFD) < 0) {
+            note("--status-fd: descriptor %lld is not open", status_fd);
+            return 2;
+        }
+        g_status_fd = (int)status_fd;
+        fcntl(g_status_fd, F_SETFD, FD_CLOEXEC);
     }
     if (terminal >= 0) {
         /* A session leader (the server started us with setsid) takes the terminal as its

@@ -1,3 +1,3 @@
-from execgate.cli import entry
+from execgate.console import entry
 
 entry()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 from execgate.errors import ExecgateError
@@ -71,6 +70,8 @@ def open_private(path: Path, flags: int) -> int:
 def write_atomically(path: Path, data: bytes, *, mode: int = PRIVATE_FILE) -> None:
     """Replace ``path`` with ``data`` (file mode ``mode``) so a reader sees the old or the new
     file, never a part. The folder must exist."""
+    import tempfile  # here: appending to the decision log needs the rest, not this
+
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as out:

@@ -33,7 +33,9 @@ def imported(stderr: str) -> set[str]:
 def test_run_imports_only_what_its_first_exec_needs(world: World) -> None:
     first = world.run("run", "--", "true")  # fills the compiled-policy cache
     assert first.returncode == 0, first.stderr
-    done = world.run("run", "--", "sh", "-c", "exit 3", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    # the slow path (the native front's server runs with -I: no PYTHON* variables)
+    slow = {"PYTHONPROFILEIMPORTTIME": "1", "EXECGATE_FAST_START": "0"}
+    done = world.run("run", "--", "sh", "-c", "exit 3", env=slow)
     assert done.returncode == 3, done.stderr
     modules = imported(done.stderr)
     assert "execgate.gate.session" in modules  # the listing is real

@@ -224,13 +224,6 @@ def _rewrite_after_first_read(path: Path, text: str) -> Any:
 
 
 @needs_front
-@pytest.mark.xfail(
-    strict=False,  # shown by a race the watcher may lose on a loaded machine
-    reason="open (front branch): cli/run.py's _write_plan lists the inputs' identities when it "
-    "writes the plan, after the session opened, not when the policy was read; the plan pairs the "
-    "edited file with the old rules' snapshot, the front follows it and `marker` runs before "
-    "the server finds the snapshot differs (see the report)",
-)
 def test_rules_edited_while_the_slow_path_opens_never_make_a_stale_plan(attacker: Any) -> None:
     """The user tightens a rules file while a run is starting (after its policy was read,
     before the plan is written): the plan must not pair the new file's identity with the old
@@ -268,16 +261,7 @@ while not os.path.exists(stop):
 """
 
 
-_FRONT_SPAWNS_BY_PATH = pytest.mark.xfail(
-    strict=False,  # a race: it is usually won within the attempts, not always
-    reason="open (front branch): the front's first `spawn` executes the path its snapshot "
-    "check judged, not that descriptor (the slow path sends the descriptor: `execfd`)",
-)
-
-
-@pytest.mark.parametrize(
-    "path", [pytest.param("fast", marks=[needs_front, _FRONT_SPAWNS_BY_PATH]), "slow"]
-)
+@pytest.mark.parametrize("path", [pytest.param("fast", marks=[needs_front]), "slow"])
 def test_a_first_program_swapped_after_its_check_never_runs(attacker: Any, path: str) -> None:
     """`./first` is a harmless program when the front (or the slow path) judges it and a copy
     of the forbidden `marker` (judged by its content, promise 17a) when the launcher executes
@@ -320,11 +304,6 @@ def _run_argv(attacker: Any) -> list[str]:
 
 
 @needs_front
-@pytest.mark.xfail(
-    strict=False,  # the kill races the server's start (it usually wins by far)
-    reason="open (front branch): on the fast path the first program's decision is recorded by "
-    "the server, which the command can kill before it has written anything (see the report)",
-)
 def test_killing_the_server_at_once_leaves_no_unrecorded_program(attacker: Any) -> None:
     """The command kills the server the front forked (its pid is in EXECGATE_SNAPSHOT) before
     the server has written the first program's decision record: every exec after that is

@@ -42,6 +42,8 @@ def _state_targets(world: World) -> dict[str, Path]:
         "config": execgate_home / "config.toml",
         "trust": execgate_home / "trusted-projects.toml",
         "cache": execgate_home / "cache" / "x",
+        # a start-up plan the next session's native front would follow (docs/protocol.md §8)
+        "run_plan": execgate_home / "cache" / "run-plans" / "0000000000000000",
         "log": execgate_home / "log" / "escalations.log",
         "control": execgate_home / "control" / "mcp-1.json",
         "default_home_rules": home / ".execgate" / "rules" / "x.rules",

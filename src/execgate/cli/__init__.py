@@ -66,8 +66,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         return 2
+    return guarded(lambda: handler(args))
+
+
+def guarded(work: Callable[[], int]) -> int:
+    """``work()``'s exit status; its errors as one line each, never a traceback."""
     try:
-        return handler(args)
+        return work()
     except ExecgateError as exc:
         print(f"execgate: error: {exc.message}", file=sys.stderr)
         return exc.exit_status
@@ -88,13 +93,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> NoReturn:
-    """The ``execgate`` command (console script, ``python -m execgate``): :func:`main`, then
-    the exit. Once the command is done and only this thread is left, the exit functions run
-    (log handlers flush and close), the standard streams are flushed, and the process ends
-    without the interpreter's own teardown: with asyncio loaded that reclaims every object one
-    by one for tens of milliseconds, which the kernel does at once (`execgate run -- true` is
-    waited for until then)."""
-    status = main()
+    """The ``execgate`` commands (:mod:`execgate.console` comes first): :func:`main`, then
+    the exit."""
+    exit_now(main())
+
+
+def entry_with(work: Callable[[], int]) -> NoReturn:
+    """Run ``work`` as a command (:func:`guarded`), then exit as :func:`entry` does (the
+    server of a native start, execgate/adopt.py)."""
+    exit_now(guarded(work))
+
+
+def exit_now(status: int) -> NoReturn:
+    """Once the command is done and only this thread is left, the exit functions run (log
+    handlers flush and close), the standard streams are flushed, and the process ends without
+    the interpreter's own teardown: with asyncio loaded that reclaims every object one by one
+    for tens of milliseconds, which the kernel does at once (`execgate run -- true` is waited
+    for until then)."""
     threads = sys.modules.get("threading")
     if threads is not None and threads.active_count() > 1:
         sys.exit(status)  # someone is still at work: the ordinary exit waits for them

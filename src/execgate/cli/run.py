@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from execgate import native, paths
 from execgate.cli.options import add_gate_arguments
 from execgate.cli.workdir import working_directory
-from execgate.config import load_config
+from execgate.config import Config, load_config
 from execgate.decisionlog import open_front_log
 from execgate.errors import ExecgateError
-from execgate.gate import orphans
+from execgate.gate import orphans, runplan
 from execgate.gate.askers import DenyingAsker, TerminalAsker
 from execgate.gate.escalation import Asker
 from execgate.gate.launcher import LaunchedProcess
@@ -35,6 +37,9 @@ from execgate.gate.skills import skill_scripts
 from execgate.policy import LoadedPolicy
 from execgate.sandbox import add_sandbox_arguments, probe, sandbox_from_args
 from execgate.visible import VisibleFormatter
+
+if TYPE_CHECKING:
+    from execgate.adopt import FrontStart
 
 
 def register(subparsers: Any) -> None:
@@ -66,19 +71,37 @@ def run_command(args: argparse.Namespace) -> int:
         raise ExecgateError("no command given: execgate run [OPTIONS] -- CMD...", exit_status=2)
     working_directory()  # a deleted one: say so before anything starts
     orphans.adopt_orphans()  # what a killed launcher leaves behind is ours to kill
-    status = asyncio.run(_run(args, command))
+    return _exit_like(asyncio.run(_run(args, command)))
+
+
+def serve_adopted(start: FrontStart) -> int:
+    """The server of a native start (execgate/adopt.py): ``execgate run`` from the point
+    where the native front started the command (docs/protocol.md §8)."""
+    from execgate.cli import build_parser
+
+    args = build_parser("run").parse_args(["run", *start.plan.options, "--", *start.command])
+    # The command's Ctrl-C is not ours; the front stops us with SIGTERM.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return _exit_like(asyncio.run(_run(args, start.command, start)))
+
+
+def _exit_like(status: int) -> int:
+    """``execgate run``'s exit for the command's wait status."""
     code = os.waitstatus_to_exitcode(status)
     if code < 0:  # died of a signal: die of the same one, so our caller sees the truth
         sys.stdout.flush()
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # (those cannot be handled)
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         return 128 - code
     return code
 
 
-async def _run(args: argparse.Namespace, command: list[str]) -> int:
+async def _run(
+    args: argparse.Namespace, command: list[str], adopted: FrontStart | None = None
+) -> int:
     config = load_config()
-    cwd = str(working_directory())
+    cwd = str(working_directory()) if adopted is None else adopted.cwd
     loop = asyncio.get_running_loop()
     # Checks the session's opening repeats (answered at once then, each remembered in this
     # process) run meanwhile, while the policy loads: the native files' digests (hashing
@@ -133,30 +156,247 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(signum, ending.signal)
     reloader = _reloader(source, gate, load)
-    decisions = open_front_log("run", config, audit=args.audit)
+    decisions = open_front_log(
+        "run", config, audit=args.audit, session=adopted.session_id if adopted else None
+    )
     moved = paths.log_dir_moved()
     if moved:
         print(f"execgate: warning: {moved}", file=sys.stderr)
     log_escalations()
     await asyncio.wait(meanwhile)
-    session = await EscalationSession.open(
-        SessionConfig(
-            live=gate.live,
-            escalation=gate.escalation,
-            sandbox=sandbox,
-            gate_escalated=config.gate_escalated,
-            clean_escalated_env=config.clean_escalated_env,
-            approval_timeout=config.approval_timeout,
-            network=network,
-        ),
-        SessionCaller(gate.approvals.recording(asker), decisions=decisions),
+    session_config = SessionConfig(
+        live=gate.live,
+        escalation=gate.escalation,
+        sandbox=sandbox,
+        gate_escalated=config.gate_escalated,
+        clean_escalated_env=config.clean_escalated_env,
+        approval_timeout=config.approval_timeout,
+        network=network,
     )
+    caller = SessionCaller(gate.approvals.recording(asker), decisions=decisions)
+    if adopted is not None:
+        return await _serve_adopted(adopted, session_config, caller, gate, reloader, ending)
+    session = await EscalationSession.open(session_config, caller)
     try:
         async with reloader.watching():
-            return await _wait(session, command, cwd, ending)
+            options = _plan_options(args)
+
+            def plan() -> None:  # once the command runs: not on its way
+                if options is not None:
+                    _write_plan(options, config, load, session, cwd, lambda: fresh(source))
+
+            def fresh(source: PolicySource) -> bytes:
+                """The snapshot of the policy as the files are now."""
+                again = GatePolicy(
+                    source.load(),
+                    search_path=os.environ.get("PATH", os.defpath),
+                    skills=skill_scripts(config),
+                )
+                return again.live.snapshot
+
+            return await _wait(session, command, cwd, ending, plan)
     finally:
         await session.aclose()
         decisions.close()
+
+
+async def _serve_adopted(
+    start: FrontStart,
+    config: SessionConfig,
+    caller: SessionCaller,
+    gate: GatePolicy,
+    reloader: PolicyReloader[LoadedPolicy],
+    ending: _Ending,
+) -> int:
+    """Serve the session the native front opened, once what we computed equals its plan."""
+    from execgate.gate.launcher import Launcher
+    from execgate.gate.session import AdoptedParts
+
+    launcher, main = Launcher.adopt(
+        _launcher_pid(), socket.socket(fileno=start.control_fd), config.sandbox, main_id=1
+    )
+    parts = AdoptedParts(
+        dir=start.session_dir,
+        token=start.token,
+        escalated_token=start.escalated_token,
+        listener=socket.socket(fileno=start.listen_fd),
+        snapshot_fd=start.snapshot_fd,
+        launcher=launcher,
+        main=main,
+    )
+    session = EscalationSession.adopt(config, caller, parts)
+    try:
+        stale = _differs_from_plan(start, session, gate)
+        if stale is not None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the front waits for our status
+            with contextlib.suppress(OSError):
+                runplan.plan_path(start.cwd, start.plan.options).unlink()
+            print(
+                f"execgate: error: the session was ended: its start-up plan was stale ({stale})",
+                file=sys.stderr,
+            )
+            return STALE_PLAN << 8
+        async with reloader.watching():
+            return await ending.wait(await main)
+    finally:
+        # The front stops us with SIGTERM once the command is done: from here on we end by
+        # ourselves (a signal while the event loop closes would find its wake-up pipe gone).
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, signal.SIG_IGN)
+        await session.aclose()
+        if caller.decisions is not None:
+            caller.decisions.close()
+
+
+#: The server's exit status when it ended a native start's session for a stale plan (the
+#: front then exits 1; native/front.c).
+STALE_PLAN = 3
+
+
+def _launcher_pid() -> int:
+    """The native front's launcher: the front's other child (our parent's)."""
+    ppid = os.getppid()
+    for task in os.listdir(f"/proc/{ppid}/task"):
+        with open(f"/proc/{ppid}/task/{task}/children", encoding="ascii") as f:
+            for pid in f.read().split():
+                if int(pid) != os.getpid():
+                    return int(pid)
+    raise ExecgateError("the native front's launcher is gone")
+
+
+def _differs_from_plan(
+    start: FrontStart, session: EscalationSession, gate: GatePolicy
+) -> str | None:
+    """What differs between the plan the front followed and what this server computed
+    (None: nothing): the snapshot, the gate's native files, the first program's decision."""
+    from execgate.gate.escalation import Verdict
+    from execgate.gate.session import describe_exec, resolve_command
+
+    plan = start.plan
+    if gate.live.snapshot != plan.snapshot or (
+        session.sealed_snapshot is not None and session.sealed_snapshot.contents() != plan.snapshot
+    ):
+        return "the policy snapshot differs"
+    if (os.fspath(session.interposer), os.fspath(session.wrapper)) != (
+        plan.interposer,
+        plan.wrapper,
+    ):
+        return "the native files differ"
+    if gate.live.fail_closed_reason:
+        return "the policy fails closed"
+    if session.sandbox_text != plan.sandbox or session.confined:
+        return "the sandbox differs"
+    launch = session.launcher.sandbox.launcher_args() if session.launcher.sandbox else []
+    if launch != plan.launch_options:
+        return "the launcher's options differ"
+    path = os.environ.get("PATH", os.defpath)
+    program = resolve_command(start.command[0], cwd=start.cwd, path=path)
+    if program != start.program:
+        return f"the command resolves to {program}"
+    exec_ = describe_exec(
+        program, start.command, cwd=start.cwd, via="session", contents=gate.live.current_contents()
+    )
+    action = gate.escalation.decide(exec_, confined=False)
+    judged = action.judgement is not None and action.judgement.decision is not None
+    if action.verdict != Verdict.RUN or judged or action.reason or action.granted:
+        return f"the first program's decision is {action.verdict.value}"
+    if exec_.realpath != start.realpath:
+        return "the first program is another file"
+    return None
+
+
+#: The options a start-up plan covers, each with the values it may have (None: any), in the
+#: two-word form only: ``--rules FILE``, ``--sandbox off``, ``--on-prompt ask|deny``.
+_PLANNED_OPTIONS: dict[str, tuple[str, ...] | None] = {
+    "--rules": None,
+    "-r": None,
+    "--sandbox": ("off",),
+    "--on-prompt": ("ask", "deny"),
+}
+
+
+def _plan_options(args: argparse.Namespace) -> list[str] | None:
+    """The option words of this run when a start-up plan can cover them (docs/protocol.md
+    §8), or None. The native front finds them as they were typed: before ``--``."""
+    words = sys.argv[2:] if sys.argv[1:2] == ["run"] else []
+    if not words or words[0] == "--" or not words[0].startswith("-"):
+        return []
+    if "--" not in words:
+        return None
+    options = words[: words.index("--")]
+    for name, value in zip(options[::2], options[1::2], strict=False):
+        allowed = _PLANNED_OPTIONS.get(name, ())
+        if allowed == () or (allowed is not None and value not in allowed):
+            return None
+    return options if len(options) % 2 == 0 else None
+
+
+def _write_plan(
+    options: list[str],
+    config: Config,
+    load: LoadedPolicy,
+    session: EscalationSession,
+    cwd: str,
+    fresh_snapshot: Callable[[], bytes],
+) -> None:
+    """Write the start-up plan of this run for the native front, when one can cover it
+    (no sandbox, no proxy, no OTLP export, requirements from files, a policy that does not
+    fail closed); else remove a plan left from before.
+
+    The inputs' identities are taken after the policy was read: a file changed in between
+    would pair its new identity with the old policy's snapshot. So the policy is read once
+    more after the identities were taken, and the plan is written only when that gives the
+    snapshot the session has (a change after the identities makes the plan stale)."""
+    snapshot = session.live.snapshot
+    from execgate.decisionlog.otel import settings_from
+
+    target = runplan.plan_path(cwd, options)
+    local = all(
+        source.layer != "requirements" or os.path.isabs(source.path) for source in load.sources
+    )
+    if (
+        session.confined
+        or session.network_gate is not None
+        or load.fail_closed_reason
+        or settings_from(config.otel, os.environ) is not None
+        or not local
+        or session.sealed_snapshot is None
+    ):
+        with contextlib.suppress(OSError):
+            target.unlink()
+        return
+    inputs = [
+        *load.watch_paths,
+        *(source.path for source in load.sources if source.path.is_absolute()),
+        *(folder.path for folder in load.folders),
+        *runplan.ancestors_markers(Path(cwd)),
+        config.path or paths.config_file(),
+        *session.live.planned_inputs(),
+        *runplan.package_files(),
+        Path(sys.executable),
+    ]
+    log = paths.decision_log_file() if config.log.enabled else None
+    try:
+        text = runplan.render(
+            cwd=cwd,
+            options=options,
+            inputs=inputs,
+            snapshot=snapshot,
+            sessions=session.dir.parent,
+            log=(log, config.log.max_bytes, config.log.keep) if log else None,
+            sandbox=session.sandbox_text,
+            launch_options=session.launcher.sandbox.launcher_args()
+            if session.launcher.sandbox
+            else [],
+        )
+        if fresh_snapshot() != snapshot:
+            raise runplan.Unplannable("the policy changed while the plan was made")
+        runplan.write(target, text)
+    except (runplan.Unplannable, OSError, ExecgateError):
+        with contextlib.suppress(OSError):
+            target.unlink()
 
 
 def _reloader(
@@ -209,14 +449,22 @@ class _Ending:
             self._waiting = None  # a signal during the teardown has nothing left to end
 
 
-async def _wait(session: EscalationSession, command: list[str], cwd: str, ending: _Ending) -> int:
-    """Start ``command`` in ``session``; its wait status (or SIGTERM's, when SIGTERM/SIGHUP
-    ended the wait)."""
+async def _wait(
+    session: EscalationSession,
+    command: list[str],
+    cwd: str,
+    ending: _Ending,
+    started: Callable[[], None],
+) -> int:
+    """Start ``command`` in ``session``, call ``started`` (also when it was denied); its wait
+    status (or SIGTERM's, when SIGTERM/SIGHUP ended the wait)."""
     try:
         process = await session.start(command, cwd=cwd, env=os.environ, stdio={0: 0, 1: 1, 2: 2})
     except SessionDenied as denied:
         print(denied.message, file=sys.stderr)
+        started()
         return 126 << 8
+    started()
     return await ending.wait(process)
 
 

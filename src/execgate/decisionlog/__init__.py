@@ -10,33 +10,20 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from execgate import paths
-from execgate.config import Config
-from execgate.decisionlog.recorder import DecisionLog, open_decision_log
+from execgate.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from execgate.decisionlog.front import open_front_log
+    from execgate.decisionlog.recorder import DecisionLog, open_decision_log
 
 __all__ = ["DecisionLog", "open_decision_log", "open_front_log"]
 
-
-def open_front_log(front: str, config: Config, *, audit: Path | None) -> DecisionLog:
-    """The decision log of a front end (``run``/``mcp``) as ``config.toml`` sets it up; a bad
-    path (log folder, ``--audit`` file) or a configured OTLP export without its SDK is refused
-    now, in one sentence."""
-    export = None
-    from execgate.decisionlog.otel import settings_from, start_export
-
-    settings = settings_from(config.otel, os.environ)
-    if settings is not None:
-        export = start_export(settings)
-    if audit is not None:
-        paths.add_record_file(audit)
-    return open_decision_log(
-        front,
-        path=paths.decision_log_file() if config.log.enabled else None,
-        audit=audit,
-        max_bytes=config.log.max_bytes,
-        keep=config.log.keep,
-        export=export,
-    )
+# Loaded on first use: the chained file alone (a native start's first record, gate/adopt.py)
+# must not import the recorder's asyncio and the configuration.
+__getattr__ = lazy_exports(
+    __name__,
+    globals(),
+    {"DecisionLog": "recorder", "open_decision_log": "recorder", "open_front_log": "front"},
+)

@@ -25,9 +25,8 @@ import json
 import os
 import stat
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from execgate.files import make_private_dir, open_private
 
@@ -196,8 +195,9 @@ def _last_line_hash(path: Path, size: int) -> tuple[str | None, bool]:
 # -- reading ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Line:
+# NamedTuples, not dataclasses: appending (a native start's first record, execgate/adopt.py)
+# must not import dataclasses (inspect, re, ast: tens of ms).
+class Line(NamedTuple):
     file: Path
     number: int  # 1-based, within ``file``
     raw: bytes
@@ -251,8 +251,7 @@ def parse_line(raw: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-@dataclass(frozen=True, slots=True)
-class Verification:
+class Verification(NamedTuple):
     lines: int
     files: int
     broken: str | None  # "FILE:LINE: why", the first broken line; None when intact

@@ -33,10 +33,6 @@ log = logging.getLogger("execgate.decisions")
 
 #: Seconds a decision waits to be written with the ones after it.
 FLUSH_DELAY = 0.05
-#: Longest argument word kept in a record, and longest argument vector (characters): a record
-#: is bounded, so one exec cannot flood the log.
-WORD_LIMIT = 4096
-ARGV_LIMIT = 65536
 
 #: Who made a decision (``source``): a policy rule (or no rule: ``none``), a human at the
 #: terminal, through MCP elicitation or the ``execgate approvals`` command, nobody in time
@@ -113,21 +109,6 @@ class AuditCopy:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self._fd)
-
-
-def bounded_argv(argv: list[str]) -> tuple[list[str], int]:
-    """``argv`` cut to the record's limits, and how many characters were cut."""
-    kept: list[str] = []
-    total = cut = 0
-    for word in argv:
-        if total >= ARGV_LIMIT:
-            cut += len(word)
-            continue
-        short = word[:WORD_LIMIT]
-        cut += len(word) - len(short)
-        kept.append(short)
-        total += len(short)
-    return kept, cut
 
 
 class DecisionLog:
@@ -237,6 +218,7 @@ def open_decision_log(
     max_bytes: int = DEFAULT_MAX_BYTES,
     keep: int = DEFAULT_KEEP,
     export: Export | None = None,
+    session: str | None = None,
 ) -> DecisionLog:
     """The front end's log; ``path`` None: the chained log is off (``[log] enabled = false``).
     A path that cannot be written is refused now, in one sentence."""
@@ -250,4 +232,4 @@ def open_decision_log(
                 "config.toml: [log] enabled = false)"
             ) from None
     copy = AuditCopy(audit) if audit is not None else None
-    return DecisionLog(front, chain=chain, audit=copy, export=export)
+    return DecisionLog(front, chain=chain, audit=copy, export=export, session=session)

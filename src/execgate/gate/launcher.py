@@ -200,18 +200,22 @@ class Launcher:
 
     def __init__(
         self,
-        process: subprocess.Popen[bytes],
+        process: subprocess.Popen[bytes] | int,
         channel: Channel,
         sandbox: SandboxSpec | None,
         claim_path: Path | None = None,
+        *,
+        first_id: int = 1,
     ) -> None:
-        self.pid = process.pid
+        """``process``: the launcher we started, or the pid of one someone else started (the
+        native front's, :meth:`adopt`: its exit status is theirs)."""
+        self.pid = process if isinstance(process, int) else process.pid
         self.sandbox = sandbox
         self.claim_path = claim_path
         self._process = process
         self._channel = channel
         self._loop = asyncio.get_running_loop()
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(first_id)
         self._pending: dict[int, asyncio.Future[LaunchedProcess]] = {}
         self._running: dict[int, LaunchedProcess] = {}
         # Frames are written in order by one writer; a frame that fits into the socket buffer
@@ -307,6 +311,19 @@ class Launcher:
             orphans.disown(process.pid)
             raise LauncherError(f"{path} failed to start (status {status})")
         return cls(process, Channel(ours), sandbox, claim_path)
+
+    @classmethod
+    def adopt(
+        cls, pid: int, control: socket.socket, sandbox: SandboxSpec | None, main_id: int
+    ) -> tuple[Launcher, asyncio.Future[LaunchedProcess]]:
+        """The launcher the native front started (docs/protocol.md §8) with ``control`` its
+        control channel, on which the front already sent spawn ``main_id`` (the session's
+        command): the launcher, and the future of that process (as :meth:`spawn`'s)."""
+        control.setblocking(False)
+        launcher = cls(pid, Channel(control), sandbox, first_id=main_id + 1)
+        main: asyncio.Future[LaunchedProcess] = launcher._loop.create_future()
+        launcher._pending[main_id] = main
+        return launcher, main
 
     @property
     def running(self) -> bool:
@@ -494,12 +511,15 @@ class Launcher:
 
     def _watch_exit(self) -> None:
         try:
-            pidfd = os.pidfd_open(self._process.pid)
+            pidfd = os.pidfd_open(self.pid)
         except OSError:
             pidfd = -1
+        process = self._process
 
         def reap() -> None:
-            status = self._process.poll()
+            # An adopted launcher is the front's child: its status is the front's to reap and
+            # judge (it kills what a lost launcher left, native/front.c).
+            status = process.poll() if not isinstance(process, int) else 0
             if status is None:
                 return
             if pidfd >= 0:
@@ -517,10 +537,12 @@ class Launcher:
 
         if pidfd >= 0:
             self._loop.add_reader(pidfd, reap)
-        else:  # no pidfds (Linux < 5.3): poll
+        elif not isinstance(process, int):  # no pidfds (Linux < 5.3): poll (an adopted
+            # launcher's end is its control channel's EOF, _read_events)
+            polled = process
 
             async def poll() -> None:
-                while self._process.poll() is None:
+                while polled.poll() is None:
                     await asyncio.sleep(0.05)
                 reap()
 
@@ -544,6 +566,8 @@ class Launcher:
             reason = f"the session launcher's channel failed ({exc.strerror})"
         finally:
             self._closed = True
+            if isinstance(self._process, int) and not self._exit.done():
+                self._exit.set_result(0)  # adopted: its channel closes when it exits
             self._fail_outgoing(reason)
             error = LauncherError(reason)
             for future in self._pending.values():
@@ -579,7 +603,11 @@ class Launcher:
         try:
             await asyncio.wait_for(asyncio.shield(self._exit), timeout=grace + _STUCK_AFTER)
         except TimeoutError:  # a launcher that does not end: last resort
-            self._process.kill()
+            if isinstance(self._process, int):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self._process, signal.SIGKILL)  # the front's child: not reused yet
+            else:
+                self._process.kill()
             await self._exit
         # What a launcher that was killed under the session left behind (then adopted by
         # this process, if it is a subreaper) dies with the session. A launcher that exited

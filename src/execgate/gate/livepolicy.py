@@ -79,8 +79,19 @@ class LivePolicy:
             self.aliases = snapshot.aliases
         self._rule_named: list[str] | None = None  # found when a sandboxed session asks
         self.contents = snapshot.contents
+        # What the snapshot was built from (a start-up plan's inputs, gate/runplan.py): the
+        # folders looked in, found or not, and the rule-named files found there.
+        self._looked_in = sorted(first | snapshot.folders)
+        found = snapshot.contents.by_size.values()
+        self._found = sorted({rule_file.path for files in found for rule_file in files})
         # Fail-closed requirements deny everything: every exec must reach the server.
         self.snapshot = snapshot.encode(ask_always=self.ask_always or bool(fail_closed_reason))
+
+    def planned_inputs(self) -> list[Path]:
+        """The folders and files the snapshot was built from (missing folders included): a
+        start-up plan's inputs (gate/runplan.py)."""
+        skills = list(self.skills.dirs) if self.skills else []  # looked for, found or not
+        return [*skills, *(Path(p) for p in (*self._looked_in, *self._found))]
 
     @property
     def rule_named(self) -> list[str]:

@@ -31,7 +31,7 @@ import anyio
 import anyio.to_thread
 
 from execgate import paths
-from execgate.decisionlog.recorder import bounded_argv
+from execgate.decisionlog.argv import bounded_argv
 from execgate.gate.approvals import UserApprovals
 from execgate.gate.escalation import (
     Answer,

@@ -77,7 +77,11 @@ class RequestHandler(Protocol):
 
 
 class GateServer:
-    def __init__(self, path: Path, handler: RequestHandler) -> None:
+    def __init__(
+        self, path: Path, handler: RequestHandler, listener: socket.socket | None = None
+    ) -> None:
+        """``listener``: the socket at ``path``, bound and listening already (the native
+        front's, docs/protocol.md §8); else it is made here."""
         self.path = path
         self._handler = handler
         self._uid = os.geteuid()
@@ -85,11 +89,13 @@ class GateServer:
         self._slow: set[socket.socket] = set()  # requests still arriving
         self._awaited: dict[socket.socket, asyncio.TimerHandle] = {}  # ...their first bytes
         self._buffered = 0  # bytes those hold
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(os.fspath(path))
-        # Connectable from inside the sandbox by the same user only (the folder is 0700).
-        os.chmod(path, 0o600)
-        self._listener.listen(socket.SOMAXCONN)
+        if listener is None:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(os.fspath(path))
+            # Connectable from inside the sandbox by the same user only (the folder is 0700).
+            os.chmod(path, 0o600)
+            listener.listen(socket.SOMAXCONN)
+        self._listener = listener
         self._listener.setblocking(False)
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self._listener.fileno(), self._on_readable)

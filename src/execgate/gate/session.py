@@ -31,12 +31,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from execgate import native, paths
-from execgate.decisionlog.recorder import (
-    DecisionLog,
-    FlushSoon,
-    bounded_argv,
-    permission_entry,
-)
+from execgate.decisionlog.argv import bounded_argv
+from execgate.decisionlog.recorder import DecisionLog, FlushSoon, permission_entry
 from execgate.errors import ExecgateError
 from execgate.files import is_own_private_dir, make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
@@ -389,10 +385,32 @@ class SessionCaller:
     call: int | None = None  # the tool call its decisions are logged under
 
 
-class EscalationSession:
-    """Create with :meth:`open`; always :meth:`aclose` (or use ``async with``)."""
+@dataclass(frozen=True)
+class AdoptedParts:
+    """What the native front of ``execgate run`` opened before this server started
+    (docs/protocol.md §8): the session folder with its snapshot file, the tokens, the gate
+    socket (listening), the sealed snapshot's descriptor, and the launcher with the session's
+    command already spawned (``main``)."""
 
-    def __init__(self, config: SessionConfig, caller: SessionCaller | None) -> None:
+    dir: Path
+    token: str
+    escalated_token: str
+    listener: socket.socket
+    snapshot_fd: int
+    launcher: Launcher
+    main: asyncio.Future[LaunchedProcess]
+
+
+class EscalationSession:
+    """Create with :meth:`open` (or :meth:`adopt`); always :meth:`aclose` (or use
+    ``async with``)."""
+
+    def __init__(
+        self,
+        config: SessionConfig,
+        caller: SessionCaller | None,
+        adopted: AdoptedParts | None = None,
+    ) -> None:
         self.config = config
         self.live = config.live
         self.escalation = config.escalation
@@ -408,8 +426,8 @@ class EscalationSession:
         self.gate_escalated = config.gate_escalated
         self.cleaned = cleaned_variables(config.clean_escalated_env)
         self.approval_timeout = config.approval_timeout
-        self.token = secrets.token_hex(16)
-        self.escalated_token = secrets.token_hex(16)
+        self.token = adopted.token if adopted else secrets.token_hex(16)
+        self.escalated_token = adopted.escalated_token if adopted else secrets.token_hex(16)
         # Set once, before anything of the session runs (None: a reserve's spare, see attach).
         self._caller = caller
         self._closing = False
@@ -419,14 +437,21 @@ class EscalationSession:
         self._asking: set[anyio.CancelScope] = set()
         self._asks = 0
         self.verdicts: Counter[Verdict] = Counter()  # decisions so far (a summary's counts)
-        self.dir = make_session_dir(sandbox.writable_roots if sandbox else ())
+        if adopted is not None:
+            self.dir = adopted.dir
+        else:
+            self.dir = make_session_dir(sandbox.writable_roots if sandbox else ())
         self.socket_path = self.dir / "gate.sock"
         self.claim_path = self.dir / "claim.sock"  # the launcher's (protocol §4)
         self.snapshot_path = self.dir / "policy.snap"
         live = config.live
-        write_atomically(self.snapshot_path, live.snapshot, mode=0o444)
         # Without a sandbox a gated process could replace the file: clients use a sealed copy.
-        self.sealed_snapshot = None if self.confined else SealedSnapshot(live.snapshot)
+        self.sealed_snapshot: SealedSnapshot | None
+        if adopted is not None:  # the front wrote both; the front end checks they are ours
+            self.sealed_snapshot = SealedSnapshot.adopt(adopted.snapshot_fd)
+        else:
+            write_atomically(self.snapshot_path, live.snapshot, mode=0o444)
+            self.sealed_snapshot = None if self.confined else SealedSnapshot(live.snapshot)
         self._unsubscribe = live.subscribe(self.publish_snapshot)
         self.interposer = native.native_path(native.INTERPOSER)
         self.wrapper = native.native_path(native.WRAPPER)
@@ -494,6 +519,26 @@ class EscalationSession:
         except BaseException:
             await session.aclose()
             raise
+        return session
+
+    @classmethod
+    def adopt(
+        cls, config: SessionConfig, caller: SessionCaller, parts: AdoptedParts
+    ) -> EscalationSession:
+        """The session the native front opened (docs/protocol.md §8), served from here on:
+        its gate socket, snapshot and launcher are ``parts``. Sessions that confine nothing
+        only (the front's plans cover no other)."""
+        if config.sandbox is not None and config.sandbox.confines:
+            raise ValueError("an adopted session confines nothing")
+        session = cls(config, caller, parts)
+        try:
+            config.live.watch_in(asyncio.get_running_loop())
+            session._server = GateServer(session.socket_path, session, listener=parts.listener)
+            session._launcher = parts.launcher
+        except BaseException:
+            parts.listener.close()
+            raise
+        remove_stale_session_dirs(_session_dir_candidates())  # as make_session_dir does
         return session
 
     def attach(self, caller: SessionCaller) -> None:

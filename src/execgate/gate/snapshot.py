@@ -246,6 +246,20 @@ class SealedSnapshot:
             os.close(sealed)
         self.path = f"/proc/{os.getpid()}/fd/{self.fd}"
 
+    @classmethod
+    def adopt(cls, fd: int) -> SealedSnapshot:
+        """The sealed snapshot the native front made, inherited at ``fd`` (docs/protocol.md
+        §8): clients already name it ``/proc/<this pid>/fd/<fd>``."""
+        os.set_inheritable(fd, False)
+        adopted = cls.__new__(cls)
+        adopted.fd = fd
+        adopted.path = f"/proc/{os.getpid()}/fd/{fd}"
+        return adopted
+
+    def contents(self) -> bytes:
+        """The snapshot as published (what clients read)."""
+        return os.pread(self.fd, os.fstat(self.fd).st_size, 0)
+
     def publish(self, data: bytes) -> None:
         sealed = _sealed_memfd(data)
         try:

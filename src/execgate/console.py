@@ -1,0 +1,44 @@
+"""The ``execgate`` command (console script, ``python -m execgate``).
+
+``execgate run`` goes to the native front (``_bin/execgate-run``, docs/protocol.md §8) before
+anything else is imported: the front starts the command from a start-up plan, or hands the
+command line back (``EXECGATE_FRONT_DECLINED``). Every other command, and a declined ``run``,
+is :func:`execgate.cli.entry`'s. Only ``os`` and ``sys`` here: this module is on the path of
+every fast start.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import NoReturn
+
+#: Set by the native front when it hands a command line back to Python (removed at once, so
+#: the command never sees it).
+FRONT_DECLINED = "EXECGATE_FRONT_DECLINED"
+FRONT = "execgate-run"
+
+
+def entry() -> NoReturn:
+    native_front()
+    from execgate.cli import entry as cli_entry
+
+    cli_entry()
+
+
+def native_front() -> None:
+    """``execgate run``: exec the native front, unless it declined this command line already
+    or ``EXECGATE_FAST_START=0``. Returns when the front cannot be started (not built)."""
+    argv = sys.argv[1:]
+    if os.environ.pop(FRONT_DECLINED, None) is not None:
+        return
+    if not argv or argv[0] != "run" or os.environ.get("EXECGATE_FAST_START") == "0":
+        return
+    front = os.path.join(os.path.dirname(__file__), "_bin", FRONT)
+    try:
+        os.execv(front, [front, sys.executable, *argv[1:]])
+    except OSError:
+        return

@@ -1,0 +1,367 @@
+"""The native front of ``execgate run`` (native/front.c, docs/protocol.md §8): the real
+``execgate run`` from a start-up plan, against the slow path (``EXECGATE_FAST_START=0``).
+
+Which path ran is read from the decision log: the process the test started keeps its pid
+through every exec (console script → front → Python slow path), so the first record's ``pid``
+is that process on the slow path, and its ``ppid`` on the fast one (the record is written by
+the server the front forked)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cliharness import EXECGATE, World
+
+SLOW = {"EXECGATE_FAST_START": "0"}
+# Fields that differ between any two runs (the session, the time, the processes, the chain).
+VARYING = ("time", "session", "pid", "ppid", "prev")
+
+
+def log_records(world: World) -> list[dict[str, Any]]:
+    path = world.execgate_home / "log" / "decisions.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def start(
+    world: World, *command: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*EXECGATE, "run", "--", *command],
+        env=world.env(env),
+        cwd=world.work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def run(world: World, *command: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """The command's status, stderr, and which path ran it (``fast``/``slow``)."""
+    before = len(log_records(world))
+    process = start(world, *command, env=env)
+    _, err = process.communicate(timeout=60)
+    first = log_records(world)[before]
+    path = (
+        "fast" if first["ppid"] == process.pid else "slow" if first["pid"] == process.pid else "?"
+    )
+    return process.returncode, err.decode(), path
+
+
+def plan_files(world: World) -> list[Path]:
+    folder = world.execgate_home / "cache" / "run-plans"
+    return sorted(folder.iterdir()) if folder.exists() else []
+
+
+def folder_of(socket_line: str) -> Path:
+    """The session folder, from the ``EXECGATE_SOCKET`` the command wrote down."""
+    return Path(socket_line.strip()).parent
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def gone_within(pids: list[int], seconds: float = 15.0) -> bool:
+    """Whether all of ``pids`` end within ``seconds`` (a bound for a loaded machine, not a
+    timing the test depends on: they are expected to end at once)."""
+    deadline = time.monotonic() + seconds
+    while any(alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def wait_for(path: Path, seconds: float = 30.0) -> str:
+    deadline = time.monotonic() + seconds
+    while not (path.exists() and path.read_text().endswith("\n")):
+        assert time.monotonic() < deadline, f"{path} was never written"
+        time.sleep(0.02)
+    return path.read_text()
+
+
+@pytest.fixture
+def warm(world: World) -> World:
+    """A world whose plan was written by one slow run."""
+    status, err, path = run(world, "dash", "-c", "true")
+    assert (status, path) == (0, "slow"), err
+    (plan,) = plan_files(world)
+    st = plan.lstat()
+    assert (st.st_mode & 0o777, st.st_uid) == (0o600, os.getuid())
+    return world
+
+
+def test_fast_path_logs_what_the_slow_path_logs_and_exits_alike(warm: World) -> None:
+    cases = [
+        ("dash", "-c", "exit 0"),
+        ("dash", "-c", "exit 7"),
+        ("dash", "-c", "kill -TERM $$"),
+        ("dash", "-c", "kill -KILL $$"),
+        ("dash", "-c", "ls / >/dev/null && cat /dev/null"),  # execs through the interposer
+    ]
+    for command in cases:
+        fast_status, fast_err, fast = run(warm, *command)
+        fast_records = log_records(warm)
+        slow_status, slow_err, slow = run(warm, *command, env=SLOW)
+        slow_records = log_records(warm)[len(fast_records) :]
+        assert (fast, slow) == ("fast", "slow"), (command, fast_err, slow_err)
+        assert fast_status == slow_status, (command, fast_err, slow_err)
+        assert fast_err == slow_err
+        session = fast_records[-1]["session"]
+        fast_records = [r for r in fast_records if r["session"] == session]
+        strip = [{k: v for k, v in r.items() if k not in VARYING} for r in fast_records]
+        assert strip == [{k: v for k, v in r.items() if k not in VARYING} for r in slow_records]
+    assert run(warm, "dash", "-c", "kill -TERM $$")[0] == -signal.SIGTERM
+
+
+def test_a_first_program_a_rule_names_goes_to_the_slow_path(warm: World) -> None:
+    rules = warm.execgate_home / "rules"
+    rules.mkdir()
+    (rules / "t.rules").write_text(
+        'prefix_rule(pattern=["dash", "-c", "exit 9"], decision="forbidden")\n'
+    )
+    status, err, path = run(warm, "dash", "-c", "exit 9")  # the folder changed: stale
+    assert (status, path) == (126, "slow"), err
+    assert "execgate: denied: dash -c 'exit 9'" in err
+    status, err, path = run(warm, "dash", "-c", "exit 9")  # a fresh plan: the snapshot asks
+    assert (status, path) == (126, "slow"), err
+    status, err, path = run(warm, "cat", "/dev/null")  # no rule names cat: fast again
+    assert (status, path) == (0, "fast"), err
+
+
+def test_an_edited_rules_file_makes_the_plan_stale(warm: World) -> None:
+    rules = warm.execgate_home / "rules"
+    rules.mkdir()
+    rules_file = rules / "t.rules"
+    rules_file.write_text('prefix_rule(pattern=["frobnicate"], decision="forbidden")\n')
+    assert run(warm, "dash", "-c", "exit 3")[2] == "slow"
+    assert run(warm, "dash", "-c", "exit 3")[2] == "fast"
+    # same size, same folder: only the file's identity (mtime, ctime) tells
+    rules_file.write_text('prefix_rule(pattern=["dash", "-c", "exit 3"], decision="forbidden")\n')
+    status, err, path = run(warm, "dash", "-c", "exit 3")
+    assert (status, path) == (126, "slow"), err
+
+
+def test_a_plan_that_is_not_the_users_own_0600_file_is_not_followed(warm: World) -> None:
+    (plan,) = plan_files(warm)
+    plan.chmod(0o644)
+    assert run(warm, "dash", "-c", "true")[2] == "slow"  # and the slow path replaced it
+    assert run(warm, "dash", "-c", "true")[2] == "fast"
+    (plan,) = plan_files(warm)
+    moved = plan.with_name("elsewhere")
+    plan.rename(moved)
+    plan.symlink_to(moved)
+    assert run(warm, "dash", "-c", "true")[2] == "slow"
+    assert not plan.is_symlink()  # replaced by the slow path
+    moved.unlink()
+    # a line the front does not know: not its plan to follow
+    text = plan.read_text()
+    plan.write_text(text.replace("\nend\n", "\nsomething new\nend\n"))
+    plan.chmod(0o600)
+    assert run(warm, "dash", "-c", "true")[2] == "slow"
+
+
+def test_sigterm_ends_the_session_and_nothing_outlives_it(warm: World) -> None:
+    pidfile = warm.work / "pid"
+    process = start(warm, "dash", "-c", f'sleep 60 & echo "$! $EXECGATE_SOCKET" > {pidfile}; wait')
+    sleeper, socket_path = wait_for(pidfile).split()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == -signal.SIGTERM
+    assert gone_within([int(sleeper)])
+    assert not folder_of(socket_path).exists()
+    records = log_records(warm)
+    assert records[-1]["ppid"] == process.pid  # it was the fast path
+
+
+def test_ctrl_c_is_the_commands(warm: World) -> None:
+    ready = warm.work / "ready"
+    script = f'trap "exit 5" INT; echo > {ready}; while :; do sleep 0.05; done'
+    process = start(warm, "dash", "-c", script)
+    wait_for(ready)
+    os.killpg(process.pid, signal.SIGINT)  # the terminal's Ctrl-C: the whole group
+    assert process.wait(timeout=30) == 5
+    assert log_records(warm)[-1]["ppid"] == process.pid
+
+
+def test_the_server_killed_denies_every_exec_and_ends_the_session(warm: World) -> None:
+    """The attack: the command kills the server (sandbox off, same user), then execs."""
+    marker, info = warm.work / "marker", warm.work / "info"
+    script = (
+        f'echo "$EXECGATE_SOCKET" > {info}; '
+        'S=${EXECGATE_SNAPSHOT#/proc/}; S=${S%%/*}; kill -KILL "$S"; '
+        f"sleep 1; touch {marker}; echo survived"
+    )
+    process = start(warm, "dash", "-c", script)
+    out, err = process.communicate(timeout=60)
+    assert b"survived" not in out, err
+    assert not marker.exists()
+    assert process.returncode != 0
+    assert not folder_of(info.read_text()).exists()
+    # and the next session works
+    assert run(warm, "dash", "-c", "exit 4")[:1] == (4,)
+
+
+def test_the_front_killed_leaves_nothing_behind(warm: World) -> None:
+    info = warm.work / "info"
+    script = f'sleep 60 & echo "$! $PPID $EXECGATE_SNAPSHOT" > {info}; wait'
+    process = start(warm, "dash", "-c", script)
+    sleeper, launcher, snapshot = wait_for(info).split()
+    server = int(snapshot.split("/")[2])
+    process.kill()
+    process.wait(timeout=30)
+    assert gone_within([int(sleeper), int(launcher), server])
+
+
+def test_the_launcher_killed_leaves_nothing_behind(warm: World) -> None:
+    """The command kills the launcher (its parent; same user, sandbox off): what it started
+    is the front's to kill."""
+    info = warm.work / "info"
+    script = (
+        f'setsid sleep 60 & echo "$! $EXECGATE_SOCKET" > {info}; sleep 0.2; '
+        "kill -KILL $PPID; sleep 60"
+    )
+    process = start(warm, "dash", "-c", script)
+    sleeper, socket_path = wait_for(info).split()
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 1, err
+    assert b"execgate: error: the session launcher exited" in err
+    assert gone_within([int(sleeper)])
+    assert not folder_of(socket_path).exists()
+
+
+def test_the_plan_lists_every_file_the_opening_touched(world: World, tmp_path: Path) -> None:
+    """The slow path's opening under strace: every path it looked at below HOME,
+    EXECGATE_HOME, CODEX_HOME and the working directory is an input of the plan (or one of
+    the exceptions: what the session writes, the plan itself, the logs, the policy cache)."""
+    trace = tmp_path / "trace"
+    done = subprocess.run(
+        ["strace", "-f", "-qq", "-e", "trace=%file", "-o", str(trace),
+         *EXECGATE, "run", "--", "dash", "-c", "true"],
+        env=world.env(SLOW),
+        cwd=world.work,
+        capture_output=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (plan,) = plan_files(world)
+    listed = set()
+    for line in plan.read_text().splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind in ("file", "absent"):
+            listed.add(_unescape(rest.split(" ")[0]))
+    roots = [str(world.home), str(world.execgate_home), str(world.codex_home), str(world.work)]
+    exceptions = [
+        str(world.execgate_home / "cache"),  # the compiled-policy cache, the plan itself
+        str(world.execgate_home / "log"),  # the logs it writes
+        str(world.execgate_home / "run"),  # session folders
+    ]
+    touched = set()
+    for line in trace.read_text().splitlines():
+        if '"' not in line:
+            continue
+        path = line.split('"')[1]
+        if not path.startswith("/") or "__pycache__" in path:
+            continue
+        if any(path == r or path.startswith(r + "/") for r in roots) and not any(
+            path == e or path.startswith(e + "/") for e in exceptions
+        ):
+            touched.add(os.path.normpath(path))
+    assert touched, "strace saw nothing"
+    assert sorted(touched - listed - set(roots)) == []
+
+
+def _unescape(text: str) -> str:
+    out = bytearray()
+    i = 0
+    while i < len(text):
+        if text[i] == "%":
+            out.append(int(text[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            out.append(ord(text[i]))
+            i += 1
+    return os.fsdecode(bytes(out))
+
+
+def test_the_server_ends_a_session_whose_plan_it_does_not_compute(warm: World) -> None:
+    """A plan whose inputs hold but whose snapshot is not what they give (written by the
+    user's own process: with the sandbox off, cooperative): the front follows it, the server
+    finds the difference, ends the session at once, deletes the plan and says so."""
+    (plan,) = plan_files(warm)
+    unnamed = plan.read_text()  # no rule names dash
+    rules = warm.execgate_home / "rules"
+    rules.mkdir()
+    (rules / "t.rules").write_text('prefix_rule(pattern=["dash"], decision="forbidden")\n')
+    assert run(warm, "cat", "/dev/null")[2] == "slow"  # a fresh plan, its snapshot names dash
+    named = plan.read_text()
+    snapshot = next(line for line in unnamed.splitlines() if line.startswith("snapshot "))
+    forged = "\n".join(
+        snapshot if line.startswith("snapshot ") else line for line in named.splitlines()
+    )
+    plan.write_text(forged + "\n")
+    marker = warm.work / "marker"
+    process = start(warm, "dash", "-c", f"sleep 20; touch {marker}")
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 1, err
+    assert b"execgate: error: the session was ended: its start-up plan was stale" in err
+    assert not marker.exists()
+    assert plan_files(warm) == []
+
+
+def test_as_an_unprivileged_user(unprivileged: Any) -> None:
+    """The fast path as an ordinary user: its plan is its own, and killing the server from
+    the command still denies the exec after it."""
+    work = unprivileged.make_dir()
+    home = unprivileged.make_dir()
+    env = {"HOME": str(home), "EXECGATE_HOME": str(home / ".execgate")}
+    command = [*EXECGATE, "run", "--", "dash", "-c"]
+    first = unprivileged.run([*command, "exit 5"], env=env, cwd=work)
+    assert first.returncode == 5, first.stderr
+    (plan,) = (home / ".execgate" / "cache" / "run-plans").iterdir()
+    assert (plan.stat().st_uid, plan.stat().st_mode & 0o777) == (unprivileged.uid, 0o600)
+    # the launcher's parent: the front (fast) or the server itself (slow)
+    show = 'read -r stat < /proc/$PPID/stat; set -- $stat; echo "$4 $EXECGATE_SNAPSHOT"'
+    second = unprivileged.run([*command, show], env=env, cwd=work)
+    assert second.returncode == 0, second.stderr
+    front, snapshot = second.stdout.decode().split()
+    assert snapshot.startswith("/proc/") and snapshot != f"/proc/{front}/fd/100"  # fast
+    marker = work / "marker"
+    attack = (
+        'S=${EXECGATE_SNAPSHOT#/proc/}; S=${S%%/*}; kill -KILL "$S"; '
+        f"sleep 1; touch {marker}; echo survived"
+    )
+    third = unprivileged.run([*command, attack], env=env, cwd=work)
+    assert b"survived" not in third.stdout, third.stderr
+    assert third.returncode != 0
+    assert not marker.exists()
+
+
+def test_the_first_process_carries_the_gate(warm: World) -> None:
+    """The command the front started is gated like any: a program a rule forbids, exec'd by
+    it, is denied by the interposer and the server (which may still be starting: the request
+    waits in the socket's backlog), in the same session."""
+    rules = warm.execgate_home / "rules"
+    rules.mkdir()
+    (rules / "t.rules").write_text(
+        'prefix_rule(pattern=["cat", "/etc/hostname"], decision="forbidden")\n'
+    )
+    assert run(warm, "dash", "-c", "true")[2] == "slow"  # the rules changed: a fresh plan
+    status, err, path = run(warm, "dash", "-c", "cat /etc/hostname; echo cat=$?")
+    assert (status, path) == (0, "fast"), err
+    assert "execgate: denied: cat /etc/hostname" in err
+    first, second = log_records(warm)[-2:]
+    assert first["session"] == second["session"]
+    assert (second["program"], second["decision"]) == ("/usr/bin/cat", "deny")

@@ -1,0 +1,51 @@
+"""What every gated process pays for the interposer (docs/architecture.md, "What every gated
+process pays"): its exec path calls nothing outside the library, and loading it binds only the
+few symbols its constructor and data need."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from .gateserver import encode_snapshot
+from .support import Gate
+
+#: What libexecgate.so may bind: at load its data references (no function: the constructor calls
+#: nothing in libc); and errno, which an exec that fails (the denial below) sets for its caller.
+#: Anything else was bound by a gated exec.
+ALLOWED = {
+    "__errno_location",
+    "environ",
+    "__environ",
+    "_r_debug",
+    "__cxa_finalize",
+    "_ITM_deregisterTMCloneTable",
+    "_ITM_registerTMCloneTable",
+    "__gmon_start__",
+}
+
+BINDING = re.compile(rb"binding file (\S+) \[\d+\] to \S+ \[\d+\]: normal symbol `([^']+)'")
+
+
+def test_a_gated_exec_binds_no_symbol(gate: Gate, tmp_path: Path) -> None:
+    """Execs decided from the snapshot and execs the server decides, from forked children of
+    bash and of dash: the loader reports (LD_DEBUG=bindings, one file per process) no symbol the
+    interposer binds beyond those it binds at load."""
+    gate.server.write_snapshot(encode_snapshot([b"forbidden"]))
+    program = Path(shutil.copy("/bin/true", gate.work / "plain-true"))  # one link: no ask
+    debug = tmp_path / "ld"
+    env = dict(gate.env, LD_DEBUG="bindings", LD_DEBUG_OUTPUT=str(debug))
+    script = f"{program}; {program} x; allowed y; forbidden z; dash -c '{program}; echo ok'"
+    r = gate.run(["bash", "-c", script], env=env)
+    assert r.stdout == b"allowed:y\nok\n", r.stderr
+    assert not gate.forbidden_ran()
+    bound: dict[str, set[str]] = {}
+    files = list(tmp_path.glob("ld.*"))
+    assert len(files) >= 5  # bash, plain-true twice, the script's sh, dash, ...
+    for file in files:
+        for obj, symbol in BINDING.findall(file.read_bytes()):
+            if obj.endswith(b"/libexecgate.so"):
+                bound.setdefault(symbol.decode(), set()).add(file.name)
+    assert "environ" in bound  # the loader did report the interposer's bindings
+    assert set(bound) <= ALLOWED, {s: f for s, f in bound.items() if s not in ALLOWED}

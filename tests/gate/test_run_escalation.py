@@ -233,3 +233,26 @@ def test_a_loop_of_escalations_logs_every_one_in_order(gate: Gate) -> None:
     assert len({line.split(", pid ")[1].split(",")[0] for line in lines}) == 40
     stamps = [line[:23] for line in lines]
     assert stamps == sorted(stamps)
+
+
+def test_repeated_escalations_each_run_their_own_command(gate: Gate) -> None:
+    """The authorization of a command escalated again is reused (built once per command
+    shape): each exec still gets exactly its own argv and working directory, never the one
+    kept from an exec before it, and a script is authorized anew every time."""
+    gate.write_rules('prefix_rule(["sh"], "allow")\n')
+    for name in ("a", "b"):
+        (gate.root / name).mkdir()
+    script = gate.root / "show"
+    script.write_text("#!/bin/sh\necho script:$1:$(pwd)\n")
+    script.chmod(0o755)
+    result = gate.run(
+        "for d in a b a b; do for w in x y x; do (cd $d && sh -c 'echo $0:$(pwd)' $w); done; done;"
+        f" (cd a && {script} 1); (cd b && {script} 2)",
+        options=WS,
+        cwd=gate.root,
+    )
+    expected = [f"{w}:{gate.root / d}" for d in "abab" for w in "xyx"]
+    expected += [f"script:1:{gate.root / 'a'}", f"script:2:{gate.root / 'b'}"]
+    assert result.stdout.decode().splitlines() == expected, result.stderr
+    log = (Path(gate.env["EXECGATE_HOME"]) / "log" / "escalations.log").read_text()
+    assert log.count("escalated sh -c") == 12

@@ -25,7 +25,7 @@ import pytest
 from egtest_launch import PYTHON, TIMEOUT, run
 
 from execgate.gate import protocol as P
-from execgate.gate.launcher import Launcher
+from execgate.gate.launcher import Launcher, authorization
 
 TOKEN = b"ab" * 16
 NO_RULES = P.EnvRules()
@@ -55,17 +55,16 @@ def authorize(
     path = shutil.which(argv[0]) or argv[0]
     program = os.open(path, os.O_PATH | os.O_CLOEXEC)  # what the launcher executes
     try:
-        posted = launcher.authorize(
-            ticket,
+        allowed = authorization(
             token=token,
             display=" ".join(argv),
             path=os.fsencode(path),
-            program=program,
             argv=[os.fsencode(a) for a in argv],
             cwd=os.fsencode(cwd),
             env=env,
             lifetime=lifetime,
         )
+        posted = launcher.authorize(ticket, allowed, program)
     finally:
         os.close(program)
     assert posted.done() and posted.exception() is None  # written at once: no await needed

@@ -38,12 +38,12 @@ from execgate.gate import orphans
 from execgate.gate.channel import Channel, ChannelClosed
 from execgate.gate.protocol import (
     MAX_FDS,
+    Authorization,
     EnvRules,
     Exited,
     ProtocolError,
     Spawned,
     SpawnFailed,
-    encode_authorize,
     encode_launcher_signal,
     encode_shutdown,
     encode_spawn,
@@ -79,6 +79,51 @@ async def _read_to_eof(fd: int) -> bytes:
             await ready
         finally:
             loop.remove_reader(fd)
+
+
+class Tickets:
+    """Escalation tickets: 128 random bits each, as hex (a claimer that could guess another
+    process's ticket could take its escalation over). Read from the kernel in batches: one
+    ``getrandom`` per 64 tickets instead of one per escalation."""
+
+    _BATCH = 64
+
+    def __init__(self) -> None:
+        self._random = b""
+
+    def next(self) -> str:
+        if not self._random:
+            self._random = os.urandom(16 * self._BATCH)
+        ticket, self._random = self._random[:16], self._random[16:]
+        return ticket.hex()
+
+
+def authorization(
+    *,
+    token: bytes,
+    display: str,
+    path: bytes,
+    argv: Sequence[bytes],
+    cwd: bytes,
+    env: EnvRules,
+    lifetime: float = TICKET_LIFETIME,
+    confined: bool = False,
+) -> Authorization:
+    """What a ticket lets its claimer run (§7 ``authorize``), for any number of tickets: the
+    claimer presenting ``token`` gets the judged descriptor executed with ``argv`` in ``cwd``
+    (unconfined, or inside the sandbox when ``confined``), within ``lifetime`` seconds of the
+    authorization, its environment passed through ``env``. ``path`` names the program and
+    ``display`` the command in the launcher's messages (``execgate: cannot run DISPLAY: …``)."""
+    return Authorization(
+        lifetime_ms=max(0, round(lifetime * 1000)),
+        token=token,
+        display=display.replace("\n", " "),
+        path=path,
+        cwd=cwd,
+        argv=argv,
+        env=env,
+        confined=confined,
+    )
 
 
 class LauncherError(ExecgateError):
@@ -345,45 +390,19 @@ class Launcher:
         return await future
 
     def authorize(
-        self,
-        ticket: str,
-        *,
-        token: bytes,
-        display: str,
-        path: bytes,
-        program: int,
-        argv: Sequence[bytes],
-        cwd: bytes,
-        env: EnvRules,
-        lifetime: float = TICKET_LIFETIME,
-        confined: bool = False,
+        self, ticket: str, authorization: Authorization, program: int
     ) -> asyncio.Future[None]:
-        """Let ``ticket`` be claimed once, within ``lifetime`` seconds, by a claimer presenting
-        ``token``: the launcher then executes the descriptor ``program`` (the file that was
-        judged; ``path`` names it in messages) unconfined with ``argv`` in ``cwd``, on the
-        claimer's descriptors and its environment passed through ``env`` (§4, §7). ``program``
-        stays the caller's: a duplicate travels.
+        """Let ``ticket`` be claimed once as ``authorization`` says (see :func:`authorization`):
+        the launcher then executes the descriptor ``program`` (the file that was judged) on
+        the claimer's descriptors (§4, §7). ``program`` stays the caller's: a duplicate travels.
 
         Posted, not awaited: the returned future is already done when the message went out at
         once (the usual case), so an answer sent to the client after this call cannot overtake
-        it. Otherwise the caller must await it before handing out the ticket. ``display``: the
-        command in the launcher's messages (``execgate: cannot run DISPLAY: …``).
-        ``confined``: the claim runs the program inside the sandbox (``authorize-confined``).
+        it. Otherwise the caller must await it before handing out the ticket.
         """
         if not self.running:
             raise LauncherError("the session launcher is not running")
-        frame = encode_authorize(
-            ticket,
-            lifetime_ms=max(0, round(lifetime * 1000)),
-            token=token,
-            display=display.replace("\n", " "),
-            path=path,
-            cwd=cwd,
-            argv=argv,
-            env=env,
-            confined=confined,
-        )
-        return self._enqueue(frame, [program], borrowed=True)
+        return self._enqueue(authorization.frame(ticket.encode()), [program], borrowed=True)
 
     async def shutdown(self, grace: float = 0.5) -> None:
         """SIGTERM every process of the session, SIGKILL what is left after ``grace`` seconds,

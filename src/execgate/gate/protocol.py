@@ -265,6 +265,46 @@ class EnvRules:
         return [*kept.values(), *self.set]
 
 
+class Authorization:
+    """An ``authorize`` message (§7) for any ticket: everything but the ticket is encoded
+    once, so a loop that escalates the same command over and over pays for its argv, its
+    command line and the environment rules once, and a byte concatenation per exec."""
+
+    __slots__ = ("_head", "_tail")
+
+    def __init__(
+        self,
+        *,
+        lifetime_ms: int,
+        token: bytes,
+        display: str,
+        path: bytes,
+        cwd: bytes,
+        argv: Sequence[bytes],
+        env: EnvRules,
+        confined: bool = False,
+    ) -> None:
+        kind = b"authorize-confined" if confined else b"authorize"
+        after = [
+            b"%d" % lifetime_ms, token, display.encode("utf-8", "surrogateescape"), path, cwd,
+            b"%d" % len(argv), *argv,
+        ]  # fmt: skip
+        tail = b"\0".join(after) + b"\0"
+        if tail.count(b"\0") != len(after):
+            raise ProtocolError("a field cannot contain NUL")
+        self._head = TAG + b"\0" + kind + b"\0"
+        self._tail = b"\0" + tail + env.wire
+        if len(self._head) + len(self._tail) + 255 > MAX_PAYLOAD:
+            raise ProtocolError(f"message too large: {len(self._head) + len(self._tail)}")
+
+    def frame(self, ticket: bytes) -> bytes:
+        """The complete frame that authorizes ``ticket`` (1 to 255 bytes, no NUL)."""
+        if not 0 < len(ticket) < 256 or b"\0" in ticket:
+            raise ProtocolError("a ticket is 1 to 255 bytes without NUL")
+        size = len(self._head) + len(ticket) + len(self._tail)
+        return HEADER.pack(size) + self._head + ticket + self._tail
+
+
 def encode_authorize(
     ticket: str,
     *,
@@ -277,19 +317,11 @@ def encode_authorize(
     env: EnvRules,
     confined: bool = False,
 ) -> bytes:
-    # Hand-rolled (one per escalation, on the server's hot path); same bytes as encode_fields.
-    kind = b"authorize-confined" if confined else b"authorize"
-    fields = [
-        TAG, kind, ticket.encode(), b"%d" % lifetime_ms, token,
-        display.encode("utf-8", "surrogateescape"), path, cwd, b"%d" % len(argv), *argv,
-    ]  # fmt: skip
-    head = b"\0".join(fields) + b"\0"
-    if head.count(b"\0") != len(fields):
-        raise ProtocolError("a field cannot contain NUL")
-    payload = head + env.wire
-    if len(payload) > MAX_PAYLOAD:
-        raise ProtocolError(f"message too large: {len(payload)}")
-    return HEADER.pack(len(payload)) + payload
+    authorization = Authorization(
+        lifetime_ms=lifetime_ms, token=token, display=display, path=path, cwd=cwd, argv=argv,
+        env=env, confined=confined,
+    )  # fmt: skip
+    return authorization.frame(ticket.encode())
 
 
 def encode_launcher_signal(spawn_id: int, signum: int) -> bytes:

@@ -49,10 +49,16 @@ from execgate.gate.escalation import (
 )
 from execgate.gate.gitrepo import sandbox_writable_repository
 from execgate.gate.identity import ExecFile, IdentityError, inspect_descriptors, open_path
-from execgate.gate.launcher import LaunchedProcess, Launcher, LauncherError
+from execgate.gate.launcher import (
+    LaunchedProcess,
+    Launcher,
+    LauncherError,
+    Tickets,
+    authorization,
+)
 from execgate.gate.livepolicy import LivePolicy
 from execgate.gate.program import GatedExec, runs_file, vouched
-from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError
+from execgate.gate.protocol import Authorization, EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import GateServer, Peer, Reply
 from execgate.gate.snapshot import SealedSnapshot
 from execgate.gate.standins import StandIns
@@ -86,6 +92,8 @@ GATE_VARIABLES = (
 
 # Stands for the program of a request whose descriptors were refused (for its denial line).
 _UNKNOWN_FILE = ExecFile(realpath="", dev=0, ino=0, shebang=None)
+# Authorizations kept per session, one per escalated command shape (see _authorization).
+_AUTHORIZATIONS_KEPT = 256
 
 
 class SessionDenied(ExecgateError):
@@ -459,6 +467,8 @@ class EscalationSession:
         self._server: GateServer | None = None
         self._launcher: Launcher | None = None
         self._env_rules: EnvRules | None = None
+        self._authorizations: dict[tuple[object, ...], Authorization] = {}
+        self._tickets = Tickets()
         # Network through the proxy: the proxy's thread, and what points programs at it.
         self.proxied = self.confined and sandbox is not None and sandbox.network_proxy
         self.network = config.network  # None: NetworkSettings()
@@ -941,20 +951,10 @@ class EscalationSession:
         and will run (the last interpreter, for a script); the launcher executes exactly it.
         ``confined``: the launcher runs it inside the sandbox (a stand-in's program that no
         rule lets out), with the caller's environment as a confined exec would have it."""
-        ticket = secrets.token_hex(16)
+        ticket = self._tickets.next()
         try:
             posted = self.launcher.authorize(
-                ticket,
-                token=request.token,
-                display=exec_.display(),
-                path=os.fsencode(exec_.realpath or exec_.path),  # for messages
-                program=runs,
-                # An escalated interpreter reads a script by its canonical path: the name the
-                # caller used could be re-pointed (a symlink in the workspace) before it does.
-                argv=[os.fsencode(word) for word in exec_.exec_argv(exec_.realpath)],
-                cwd=os.fsencode(exec_.cwd),
-                env=self.confined_env_rules() if confined else self.escalated_env_rules(),
-                confined=confined,
+                ticket, self._authorization(exec_, request.token, confined=confined), runs
             )
         except (LauncherError, ProtocolError) as exc:
             return self._cannot_escalate(exec_, exc)
@@ -963,6 +963,31 @@ class EscalationSession:
             return self._answer_when_posted(exec_, posted, frame)
         error = posted.exception()
         return frame if error is None else self._cannot_escalate(exec_, error)
+
+    def _authorization(self, exec_: GatedExec, token: bytes, *, confined: bool) -> Authorization:
+        """What a ticket for ``exec_`` lets its claimer run. Loops escalate the same command
+        over and over: built once per command shape (what goes into it but the descriptor,
+        which travels with each ticket), at most :data:`_AUTHORIZATIONS_KEPT` kept."""
+        key = (token, confined, exec_.path, exec_.realpath, exec_.cwd, exec_.argv)
+        kept = self._authorizations.get(key) if not exec_.interpreters else None
+        if kept is not None:
+            return kept
+        made = authorization(
+            token=token,
+            display=exec_.display(),
+            path=os.fsencode(exec_.realpath or exec_.path),  # for messages
+            # An escalated interpreter reads a script by its canonical path: the name the
+            # caller used could be re-pointed (a symlink in the workspace) before it does.
+            argv=[os.fsencode(word) for word in exec_.exec_argv(exec_.realpath)],
+            cwd=os.fsencode(exec_.cwd),
+            env=self.confined_env_rules() if confined else self.escalated_env_rules(),
+            confined=confined,
+        )
+        if not exec_.interpreters:  # a script's chain is judged anew each time: not kept
+            if len(self._authorizations) >= _AUTHORIZATIONS_KEPT:
+                self._authorizations.clear()
+            self._authorizations[key] = made
+        return made
 
     async def _answer_when_posted(
         self, exec_: GatedExec, posted: Awaitable[None], frame: bytes

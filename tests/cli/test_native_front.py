@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from cliharness import EXECGATE, World
 
+from execgate.gate import runplan
+
 SLOW = {"EXECGATE_FAST_START": "0"}
 # Fields that differ between any two runs (the session, the time, the processes, the chain).
 VARYING = ("time", "session", "pid", "ppid", "prev")
@@ -261,7 +263,7 @@ def test_the_plan_lists_every_file_the_opening_touched(world: World, tmp_path: P
     for line in plan.read_text().splitlines():
         kind, _, rest = line.partition(" ")
         if kind in ("file", "absent"):
-            listed.add(_unescape(rest.split(" ")[0]))
+            listed.add(runplan.unescape(rest.split(" ")[0]))
     roots = [str(world.home), str(world.execgate_home), str(world.codex_home), str(world.work)]
     exceptions = [
         str(world.execgate_home / "cache"),  # the compiled-policy cache, the plan itself
@@ -281,19 +283,6 @@ def test_the_plan_lists_every_file_the_opening_touched(world: World, tmp_path: P
             touched.add(os.path.normpath(path))
     assert touched, "strace saw nothing"
     assert sorted(touched - listed - set(roots)) == []
-
-
-def _unescape(text: str) -> str:
-    out = bytearray()
-    i = 0
-    while i < len(text):
-        if text[i] == "%":
-            out.append(int(text[i + 1 : i + 3], 16))
-            i += 3
-        else:
-            out.append(ord(text[i]))
-            i += 1
-    return os.fsdecode(bytes(out))
 
 
 def test_the_server_ends_a_session_whose_plan_it_does_not_compute(warm: World) -> None:

@@ -132,22 +132,22 @@ env_entry = st.builds(
     display=st.text(max_size=20).filter(lambda s: "\0" not in s),
 )
 def test_authorize_is_the_generic_encoding(argv, drop, keep, set_, display):
-    """The hand-rolled hot-path encoder writes exactly what encode_fields would."""
+    """The hand-rolled hot-path encoder (Authorization) writes exactly what encode_fields would."""
     rules = protocol.EnvRules(
         drop=tuple(drop), drop_prefixes=(b"LD_",), keep=tuple(keep), set=tuple(set_)
     )
     head = ["t1", 30000, b"tok", display, b"/bin/x", b"/"]
     counted = [argv, rules.drop, rules.drop_prefixes, rules.keep, rules.set]
-    assert protocol.encode_authorize(
-        "t1", lifetime_ms=30000, token=b"tok", display=display, path=b"/bin/x", cwd=b"/",
+    assert protocol.Authorization(
+        lifetime_ms=30000, token=b"tok", display=display, path=b"/bin/x", cwd=b"/",
         argv=argv, env=rules,
-    ) == protocol.encode_fields("authorize", head, counted)  # fmt: skip
+    ).frame(b"t1") == protocol.encode_fields("authorize", head, counted)  # fmt: skip
 
 
 def test_authorize_refuses_nul_and_env_rules_check_their_entries():
     with pytest.raises(ProtocolError):
-        protocol.encode_authorize(
-            "t", lifetime_ms=0, token=b"tok", display="", path=b"/x\0y", cwd=b"/", argv=[],
+        protocol.Authorization(
+            lifetime_ms=0, token=b"tok", display="", path=b"/x\0y", cwd=b"/", argv=[],
             env=protocol.EnvRules(),
         )  # fmt: skip
     with pytest.raises(ValueError):

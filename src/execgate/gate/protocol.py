@@ -305,25 +305,6 @@ class Authorization:
         return HEADER.pack(size) + self._head + ticket + self._tail
 
 
-def encode_authorize(
-    ticket: str,
-    *,
-    lifetime_ms: int,
-    token: bytes,
-    display: str,
-    path: bytes,
-    cwd: bytes,
-    argv: Sequence[bytes],
-    env: EnvRules,
-    confined: bool = False,
-) -> bytes:
-    authorization = Authorization(
-        lifetime_ms=lifetime_ms, token=token, display=display, path=path, cwd=cwd, argv=argv,
-        env=env, confined=confined,
-    )  # fmt: skip
-    return authorization.frame(ticket.encode())
-
-
 def encode_launcher_signal(spawn_id: int, signum: int) -> bytes:
     return encode("signal", spawn_id, signum)
 

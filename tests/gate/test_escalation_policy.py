@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from execgate.gate.escalation import PolicyEscalation, Verdict
-from execgate.gate.identity import describe_path
+from execgate.gate.identity import open_path
 from execgate.gate.program import GatedExec
 from execgate.policy import load_rules_files
 
@@ -19,10 +20,13 @@ def escalation_for(tmp_path: Path, rules: str) -> PolicyEscalation:
 
 def exec_of(path: Path, *args: str) -> GatedExec:
     """The exec as the server sees it: the file and its #! chain read from the files."""
-    file, interpreters = describe_path(str(path), str(path.parent))
+    opened = open_path(str(path), str(path.parent))
+    for fd in opened.fds:
+        os.close(fd)
+    file = opened.file
     return GatedExec(
         path=str(path), realpath=file.realpath, dev=file.dev, ino=file.ino,
-        argv=(path.name, *args), cwd=str(path.parent), interpreters=interpreters,
+        argv=(path.name, *args), cwd=str(path.parent), interpreters=opened.interpreters,
         pid=1, ppid=1, via="execve",
     )  # fmt: skip
 

@@ -293,13 +293,3 @@ def open_path(path: str, cwd: str, contents: ContentIndex = NO_CONTENTS) -> Open
         raise
     chain = tuple(Interpreter(n, a, f) for (n, a), f in zip(names, files[1:], strict=True))
     return OpenedPath(files[0], chain, tuple(fds))
-
-
-def describe_path(
-    path: str, cwd: str, contents: ContentIndex = NO_CONTENTS
-) -> tuple[ExecFile, tuple[Interpreter, ...]]:
-    """The program at ``path`` and its ``#!`` chain, as :func:`open_path` finds them."""
-    opened = open_path(path, cwd, contents)
-    for fd in opened.fds:
-        os.close(fd)
-    return opened.file, opened.interpreters

@@ -219,6 +219,18 @@ static void send_exited(long long id, int status)
     send_event(&b);
 }
 
+/* Nothing of the session is left: sent just before the `exited` of the `last` program when,
+ * as it was reaped, the launcher had no child left (it exits 0 right after). */
+static void send_ended(void)
+{
+    char mem[32];
+    struct eg_buf b;
+    eg_buf_init(&b, mem, sizeof mem);
+    eg_put(&b, EG_TAG);
+    eg_put(&b, "ended");
+    send_event(&b);
+}
+
 /* -- the process table ---------------------------------------------------------------------- */
 
 static struct proc *find_pid(pid_t pid)
@@ -311,20 +323,27 @@ static void report_status(int status)
     g_status_fd = -1;
 }
 
-/* Reap every child that is ready. 1: reaped some, 0: none ready, -1: no children left. */
+/* Reap every child that is ready. 1: reaped some, 0: none ready, -1: no children left.
+ * The `last` program's `exited` goes out at the end, preceded by `ended` when no child is
+ * left then (the server may answer its caller without waiting for our exit). */
 static int reap(void)
 {
-    int any = 0;
+    int any = 0, left;
+    long long last_id = -1;
+    int last_status = 0;
     for (;;) {
         int st;
         pid_t pid = waitpid(-1, &st, WNOHANG | __WALL);
         if (pid < 0) {
             if (errno == EINTR)
                 continue;
-            return errno == ECHILD ? -1 : any;
+            left = errno == ECHILD ? -1 : any;
+            break;
         }
-        if (pid == 0)
-            return any;
+        if (pid == 0) {
+            left = any;
+            break;
+        }
         any = 1;
         struct proc *p = find_pid(pid);
         if (!p)
@@ -338,12 +357,23 @@ static int reap(void)
                 restore_terminal(p->pgid);
                 report_status(st);
             }
-            send_exited(p->id, st);
+            if (p->last) {
+                last_id = p->id;
+                last_status = st;
+            } else {
+                send_exited(p->id, st);
+            }
         }
         if (p->last)
             g_last_ended = 1;
         remove_proc(p);
     }
+    if (last_id >= 0) {
+        if (left < 0)
+            send_ended();
+        send_exited(last_id, last_status);
+    }
+    return left;
 }
 
 /* -- killing the session -------------------------------------------------------------------- */

@@ -39,8 +39,10 @@ from execgate.gate.channel import Channel, ChannelClosed
 from execgate.gate.protocol import (
     MAX_FDS,
     Authorization,
+    Ended,
     EnvRules,
     Exited,
+    LauncherEvent,
     ProtocolError,
     Spawned,
     SpawnFailed,
@@ -226,6 +228,8 @@ class Launcher:
         self._written.set_result(None)  # what _enqueue returns for a frame written at once
         self._posted: set[asyncio.Task[Any]] = set()
         self._closed = False
+        #: The launcher said nothing of the session is left (§7 ``ended``): it exits 0 now.
+        self.ended = False
         self._shutdown_task: asyncio.Task[None] | None = None
         self._exit: asyncio.Future[int] = self._loop.create_future()
         self._watch_exit()
@@ -578,8 +582,10 @@ class Launcher:
                 process._lost(LauncherError(f"{reason} before process {process.pid} ended"))
             self._running.clear()
 
-    def _dispatch(self, event: Spawned | SpawnFailed | Exited) -> None:
-        if isinstance(event, Spawned):
+    def _dispatch(self, event: LauncherEvent) -> None:
+        if isinstance(event, Ended):
+            self.ended = True
+        elif isinstance(event, Spawned):
             process = LaunchedProcess(self, event.spawn_id, event.pid)
             self._running[event.spawn_id] = process
             future = self._pending.pop(event.spawn_id, None)

@@ -332,7 +332,12 @@ class Exited:
     wait_status: int
 
 
-LauncherEvent = Spawned | SpawnFailed | Exited
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """Nothing of the session is left (the ``last`` program's ``exited`` follows; §7)."""
+
+
+LauncherEvent = Spawned | SpawnFailed | Exited | Ended
 
 
 def parse_launcher_event(fields: list[bytes]) -> LauncherEvent:
@@ -347,4 +352,6 @@ def parse_launcher_event(fields: list[bytes]) -> LauncherEvent:
         )
     if kind == b"exited" and len(fields) == 3:
         return Exited(parse_int(fields[1], "id"), parse_int(fields[2], "wait status"))
+    if kind == b"ended" and len(fields) == 1:
+        return Ended()
     raise ProtocolError(f"unknown launcher message {kind[:20]!r}")

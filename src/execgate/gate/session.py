@@ -699,6 +699,18 @@ class EscalationSession:
         assert self._launcher is not None, "session not open"
         return self._launcher
 
+    @property
+    def emptied(self) -> bool:
+        """The launcher said nothing of the session is left (protocol §7 ``ended``): what
+        :meth:`aclose` still does is only our own clean-up."""
+        return self._launcher is not None and self._launcher.ended
+
+    def flush_records(self) -> None:
+        """Write the session's decisions now (:meth:`aclose` does it too)."""
+        _unlogged.flush()
+        if self.decisions is not None:
+            self.decisions.flush()  # the log is the front end's; its records are written now
+
     async def start(
         self,
         argv: Sequence[str],
@@ -1019,9 +1031,7 @@ class EscalationSession:
         if self._proxy is not None:  # its listeners' namespaces are gone: nothing is left
             await asyncio.get_running_loop().run_in_executor(None, self._proxy.stop)
             self._proxy = None
-        _unlogged.flush()
-        if self.decisions is not None:
-            self.decisions.flush()  # the log is the front end's; its records are written now
+        self.flush_records()
         if self.sealed_snapshot is not None:
             self.sealed_snapshot.close()
         shutil.rmtree(self.dir, ignore_errors=True)

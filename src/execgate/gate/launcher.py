@@ -41,7 +41,6 @@ from execgate.gate.protocol import (
     Authorization,
     Ended,
     EnvRules,
-    Exited,
     LauncherEvent,
     ProtocolError,
     Spawned,

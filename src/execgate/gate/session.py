@@ -251,7 +251,8 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
     if not _swept:  # folders of killed servers: once per server (an MCP server opens many)
         remove_stale_session_dirs(candidates)
         _swept = True
-    for base in sorted(candidates, key=writable):  # stable: outside-the-sandbox ones first
+    ordered = sorted(candidates, key=writable) if roots else candidates
+    for base in ordered:  # stable: outside-the-sandbox ones first
         try:
             make_private_dir(base)
             if not is_own_private_dir(base):  # made by another user first: not ours to use
@@ -1322,6 +1323,8 @@ class _Opening:
         return self._done.is_set()
 
     async def result(self) -> EscalationSession | None:
+        if self._done.is_set():  # (no turn of the loop for a spare that is ready)
+            return self._session
         self._waiting.cancel()  # needed now
         await self._done.wait()
         return self._session

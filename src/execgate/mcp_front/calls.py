@@ -270,11 +270,15 @@ class PipeReader:
         self._eof.set()
         return False
 
-    def freeze(self) -> None:
-        """Take in everything written so far; whatever comes later is read and dropped."""
+    def _read_now(self) -> None:
+        """Read what is there now (and EOF, if every writer is gone), without waiting."""
         for _ in range(64):  # bounded: a writer that never pauses must not hold us here
             if self._eof.is_set() or not self._readable():
                 break
+
+    def freeze(self) -> None:
+        """Take in everything written so far; whatever comes later is read and dropped."""
+        self._read_now()
         self._frozen = True
 
     async def drain(self, limit: float) -> None:
@@ -282,8 +286,10 @@ class PipeReader:
         Once closed, a no-op."""
         if self._closed:
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._eof.wait(), limit)
+        self._read_now()  # usually reaches EOF: the writers are gone before we drain
+        if not self._eof.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._eof.wait(), limit)
         if not self._eof.is_set():
             log.warning("output pipe still open after the call ended; closing it")
             self._loop.remove_reader(self._fd)

@@ -187,6 +187,7 @@ class ShellCall:
                         await reader.drain(_DRAIN_LIMIT)
                         session.flush_records()
                         self._publish(exit_code, timed_out, session)
+                        session.release()
             if self._scope.cancelled_caught:
                 log.info("tool call %d aborted; stopping it", self.id)
                 exit_code = 128 + signal.SIGKILL

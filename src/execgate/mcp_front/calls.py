@@ -165,13 +165,15 @@ class ShellCall:
                     exit_code = 126
                 else:
                     started = True
-                    os.close(write_fd)
-                    write_fd = -1
                     with anyio.CancelScope() as timer:
                         self.stopwatch.attach(timer)
                         status = await process.wait()
                         exit_code = exit_code_of(status)
                     self.stopwatch.attach(None)
+                    # Our copy of the write end is closed only now: the end of the shell wakes
+                    # us once (its exit report), not a turn earlier for the end of its output.
+                    os.close(write_fd)
+                    write_fd = -1
                     if timer.cancelled_caught:
                         log.info(
                             "tool call %d timed out after %d ms of running time; stopping it",

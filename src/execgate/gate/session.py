@@ -358,7 +358,7 @@ class SessionConfig:
             object.__setattr__(self, "base_env", MappingProxyType(dict(self.base_env)))
         object.__setattr__(self, "clean_escalated_env", tuple(self.clean_escalated_env))
 
-    @property
+    @functools.cached_property
     def key(self) -> tuple[object, ...]:
         env = self.base_env
         return (

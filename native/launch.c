@@ -219,16 +219,38 @@ static void send_exited(long long id, int status)
     send_event(&b);
 }
 
-/* Nothing of the session is left: sent just before the `exited` of the `last` program when,
- * as it was reaped, the launcher had no child left (it exits 0 right after). */
-static void send_ended(void)
+/* Nothing of the session is left: `ended`, then the `exited` of the `last` program, sent when,
+ * as it was reaped, the launcher had no child left (it exits 0 right after). One write: the
+ * server reads both at one wake-up. */
+static void send_ended_exited(long long id, int status)
 {
-    char mem[32];
-    struct eg_buf b;
-    eg_buf_init(&b, mem, sizeof mem);
-    eg_put(&b, EG_TAG);
-    eg_put(&b, "ended");
-    send_event(&b);
+    char mem[160];
+    struct eg_buf ended, exited;
+    eg_buf_init(&ended, mem, 32);
+    eg_put(&ended, EG_TAG);
+    eg_put(&ended, "ended");
+    eg_buf_init(&exited, mem + ended.len, sizeof mem - ended.len);
+    eg_put(&exited, EG_TAG);
+    eg_put(&exited, "exited");
+    eg_put_long(&exited, id);
+    eg_put_long(&exited, status);
+    if (!g_report || g_control < 0)
+        return;
+    if (eg_seal_frame(&ended) < 0 || eg_seal_frame(&exited) < 0) {
+        send_exited(id, status); /* (cannot happen: both fit) */
+        return;
+    }
+    size_t len = ended.len + exited.len, off = 0;
+    while (off < len) {
+        ssize_t k = send(g_control, mem + off, len - off, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            g_report = 0; /* the server is gone: carry on, quietly */
+            return;
+        }
+        off += (size_t)k;
+    }
 }
 
 /* -- the process table ---------------------------------------------------------------------- */
@@ -370,8 +392,9 @@ static int reap(void)
     }
     if (last_id >= 0) {
         if (left < 0)
-            send_ended();
-        send_exited(last_id, last_status);
+            send_ended_exited(last_id, last_status);
+        else
+            send_exited(last_id, last_status);
     }
     return left;
 }

@@ -165,6 +165,8 @@ class ShellCall:
                     exit_code = 126
                 else:
                     started = True
+                    # The shell's own decision is written while it runs, not after it ended.
+                    session.flush_records()
                     with anyio.CancelScope() as timer:
                         self.stopwatch.attach(timer)
                         status = await process.wait()

@@ -36,7 +36,10 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
         [],
     ),
     # the native front of `execgate run` (docs/protocol.md §8): the interposer's snapshot check
-    "execgate-run": (["front.c", "gate.c", "claim.c", "tree.c", "common.c"], []),
+    "execgate-run": (
+        ["front.c", "chain.c", "sha256.c", "gate.c", "claim.c", "tree.c", "common.c"],
+        [],
+    ),
 }
 
 #: Written next to the binaries: each one's SHA-256, checked whenever a session opens

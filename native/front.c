@@ -17,16 +17,18 @@
  * so execs wait in its backlog until the server is up), the claim socket, the tokens, the
  * snapshot (file and sealed memfd), then
  *   S  the Python server in adopt mode (execgate/adopt.py): it inherits the listening socket, the
- *      memfd, the control channel and the plan; its first act is the first exec's decision
- *      record (acknowledged on a pipe), then it loads config and policy as the slow path does
- *      and ends the session if what it computes differs from the plan;
+ *      memfd, the control channel and the plan; it loads config and policy as the slow path
+ *      does and ends the session if what it computes differs from the plan;
+ *   the first exec's decision record, which this front appends to the hash-chained log itself
+ *      (chain.c) while S starts: a log that cannot take it leaves the command to the slow path;
  *   L  the session launcher with `--status-fd`, to which this front writes the first `spawn`
  *      (the command, flags main,last, stdio 0/1/2) before handing the control channel to S.
- * When L has exited (the command and everything it left are gone), the front waits for S's
- * acknowledgement, stops S, removes the folder and exits as the command did.
+ * When L has exited (the command and everything it left are gone), the front stops S, removes
+ * the folder and exits as the command did.
  *
  * Single-threaded; not a library: errors before anything started fall back to the slow path.
  */
+#include "chain.h"
 #include "common.h"
 #include "gate.h"
 #include "tree.h"
@@ -50,6 +52,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -112,6 +115,10 @@ struct plan {
     int nlaunch_opts;
     unsigned char *snap;
     size_t snap_len;
+    /* the server's lines: the decision log (NULL: off) and the records' sandbox text */
+    char *log, *sandbox;
+    long long log_max_bytes, log_keep;
+    int has_log_line;
     int ended;
 };
 
@@ -211,17 +218,35 @@ static int split(char *line, char **f, int max)
     return n;
 }
 
+/* `server log PATH MAX_BYTES KEEP`, `server nolog`, `server sandbox TEXT`; 1 or 0. */
+static int server_line(struct plan *p, char **f, int n)
+{
+    if (n == 1 && !strcmp(f[0], "nolog") && !p->has_log_line) {
+        p->has_log_line = 1;
+        return 1;
+    }
+    if (n == 4 && !strcmp(f[0], "log") && !p->has_log_line) {
+        p->has_log_line = 1;
+        p->log = decode(f[1]);
+        return p->log && p->log[0] == '/' && !parse_ll(f[2], &p->log_max_bytes) &&
+               !parse_ll(f[3], &p->log_keep) && p->log_keep >= 0 && p->log_keep < 1000000;
+    }
+    if (n == 2 && !strcmp(f[0], "sandbox") && !p->sandbox)
+        return (p->sandbox = decode(f[1])) != NULL;
+    return 0;
+}
+
 /* Check one plan line against what is true now; 1 holds, 0 stale or malformed. */
 static int check_line(struct plan *p, char *line, const char *cwd, char **opts, int nopts,
                       int *opt_seen)
 {
-    if (!strncmp(line, "server ", 7))
-        return 1; /* for the server (execgate/adopt.py): the decision log's place */
     char *f[8];
     int n = split(line, f, 8);
     if (n == 0)
         return 0;
     const char *kind = f[0];
+    if (!strcmp(kind, "server")) /* the first record's: where the log is, its sandbox text */
+        return server_line(p, f + 1, n - 1);
     if (!strcmp(kind, "file") && n == 7) {
         const char *path = decode(f[1]);
         return path && same_file(path, f + 2);
@@ -364,7 +389,8 @@ static int load_plan(struct plan *p, const char *cwd, char **opts, int nopts)
         }
     }
     if (!p->ended || opt_seen != nopts || !p->python || !p->interposer || !p->wrapper ||
-        !p->launcher || !p->sessions || !p->snap || p->nsyspath == 0) {
+        !p->launcher || !p->sessions || !p->snap || p->nsyspath == 0 || !p->has_log_line ||
+        !p->sandbox) {
         close(fd);
         return -1;
     }
@@ -718,6 +744,62 @@ static void child_setup(const int *keep, int nkeep, int deathsig)
 
 static void fd_arg(char *out, int fd) { out[eg_fmt_long(out, fd)] = '\0'; }
 
+/* -- the first record ----------------------------------------------------------------------- */
+
+/* Whether Python decodes this process's bytes (argv, the working directory) as UTF-8, as the
+ * C record writer does: its filesystem encoding under a UTF-8 locale and (UTF-8 mode) under
+ * the C/POSIX one. */
+static int python_decodes_utf8(void)
+{
+    const char *names[] = {"LC_ALL", "LC_CTYPE", "LANG"};
+    for (int i = 0; i < 3; i++) {
+        const char *v = getenv(names[i]);
+        if (!v || !*v)
+            continue;
+        return !strcmp(v, "C") || !strcmp(v, "POSIX") || strcasestr(v, "utf-8") ||
+               strcasestr(v, "utf8");
+    }
+    return 1;
+}
+
+static int has_high_bytes(const char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s >= 0x80)
+            return 1;
+    return 0;
+}
+
+/* The first exec's decision record, appended to the plan's log before the command may run
+ * (no program runs without its record; the server starts in parallel and does not write it).
+ * 0, or -1 after saying nothing: the slow path, which says what is wrong with the log. */
+static int write_first_record(const struct plan *p, pid_t server, const char *session,
+                              const char *cwd, const char *program, char **cmd)
+{
+    if (!p->log)
+        return 0; /* [log] enabled = false */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    struct eg_first_record r = {
+        .time_us = (long long)now.tv_sec * 1000000 + (now.tv_nsec + 500) / 1000,
+        .session = session,
+        .cwd = cwd,
+        .program = program,
+        .sandbox = p->sandbox,
+        .pid = server,
+        .ppid = getpid(),
+        .argv = cmd,
+    };
+    struct eg_str body = {0};
+    eg_first_record_body(&body, &r);
+    char why[PATH_MAX + 128];
+    int ok = !body.failed &&
+             eg_chain_append(p->log, p->log_max_bytes, (int)p->log_keep, body.p, body.len, why,
+                             sizeof why) == 0;
+    eg_str_free(&body);
+    return ok ? 0 : -1;
+}
+
 /* -- main ----------------------------------------------------------------------------------- */
 
 /* Die of sig as the command did, or exit with its code (as `execgate run` does). */
@@ -778,6 +860,14 @@ int main(int argc, char **argv)
                             sizeof real, &progfd) != 0 ||
         progfd < 0)
         slow_path(); /* it must ask (or cannot run): the server decides */
+    const char *recorded = real[0] ? real : program;
+    if (!python_decodes_utf8()) { /* the record's texts must decode as the server's would */
+        int high = has_high_bytes(cwd) || has_high_bytes(recorded);
+        for (int i = 0; i < ncmd && !high; i++)
+            high = has_high_bytes(cmd[i]);
+        if (high)
+            slow_path();
+    }
 
     /* The command's Ctrl-C and Ctrl-\ are its own; SIGTERM/SIGHUP end the session. */
     signal(SIGINT, SIG_IGN);
@@ -793,8 +883,7 @@ int main(int argc, char **argv)
         slow_path();
 
     char token[33], escalated[33], session_id[17];
-    int gate = -1, claim = -1, snap_fd = -1, ctl[2] = {-1, -1}, ack[2] = {-1, -1},
-        status[2] = {-1, -1};
+    int gate = -1, claim = -1, snap_fd = -1, ctl[2] = {-1, -1}, status[2] = {-1, -1};
     if (make_session_dir(plan.sessions) < 0 || random_hex(token, 16) < 0 ||
         random_hex(escalated, 16) < 0 || random_hex(session_id, 8) < 0 ||
         (gate = listen_at("gate.sock", BACKLOG)) < 0 ||
@@ -802,7 +891,7 @@ int main(int argc, char **argv)
         write_file("policy.snap", plan.snap, plan.snap_len, 0444) < 0 ||
         (snap_fd = sealed_snapshot(&plan)) < 0 ||
         socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ctl) < 0 ||
-        pipe2(ack, O_CLOEXEC) < 0 || pipe2(status, O_CLOEXEC) < 0) {
+        pipe2(status, O_CLOEXEC) < 0) {
         remove_session_dir();
         sigprocmask(SIG_UNBLOCK, &set, NULL);
         slow_path(); /* nothing has started: the slow path says what is wrong, if anything */
@@ -812,12 +901,12 @@ int main(int argc, char **argv)
     pid_t self = getpid();
     pid_t server = fork();
     if (server == 0) {
-        int keep[] = {gate, snap_fd, ctl[0], ack[1], plan_fd};
-        child_setup(keep, 5, SIGTERM);
+        int keep[] = {gate, snap_fd, ctl[0], plan_fd};
+        child_setup(keep, 4, SIGTERM);
         if (getppid() != self)
             _exit(1);
-        char fds[5][24];
-        for (int i = 0; i < 5; i++)
+        char fds[4][24];
+        for (int i = 0; i < 4; i++)
             fd_arg(fds[i], keep[i]);
         char nsys[24];
         fd_arg(nsys, plan.nsyspath);
@@ -834,11 +923,10 @@ int main(int argc, char **argv)
         for (int i = 0; i < plan.nsyspath; i++)
             args[n++] = plan.syspath[i];
         /* execgate/adopt.py's command line */
-        args[n++] = fds[4];
+        args[n++] = fds[3];
         args[n++] = fds[0];
         args[n++] = fds[1];
         args[n++] = fds[2];
-        args[n++] = fds[3];
         args[n++] = g_dir;
         args[n++] = token;
         args[n++] = escalated;
@@ -853,9 +941,20 @@ int main(int argc, char **argv)
         execv(plan.python, args);
         _exit(127);
     }
-    if (server < 0) {
+    /* Nothing runs before its decision is recorded (the command could kill S at once): the
+     * record is ours to write, now. A log that cannot take it leaves the command to the slow
+     * path, which says why (nothing has started). */
+    if (server < 0 || write_first_record(&plan, server, session_id, cwd, recorded, cmd) < 0) {
+        if (server > 0) {
+            kill(server, SIGKILL);
+            while (waitpid(server, NULL, __WALL) < 0 && errno == EINTR)
+                ;
+        }
         remove_session_dir();
         sigprocmask(SIG_UNBLOCK, &set, NULL);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGQUIT, SIG_DFL);
+        prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
         slow_path();
     }
 
@@ -892,31 +991,8 @@ int main(int argc, char **argv)
     close(ctl[1]);
     close(claim);
     close(status[1]);
-    close(ack[1]);
     close(gate); /* S's alone: if S dies, every exec is denied ("the server is gone") */
     close(plan_fd);
-
-    /* Nothing runs before its decision is recorded: S's first act is the record (the command
-     * could kill S at once, and a program that ran would have none). Until then nothing has
-     * started: a server that died first leaves the command to the slow path. */
-    char byte;
-    ssize_t acked;
-    while ((acked = read(ack[0], &byte, 1)) < 0 && errno == EINTR)
-        ;
-    if (acked != 1) {
-        if (launcher > 0)
-            kill(launcher, SIGKILL); /* it spawned nothing */
-        kill(server, SIGKILL);
-        while (waitpid(-1, NULL, __WALL) > 0 || errno == EINTR)
-            ;
-        remove_session_dir();
-        unlink(g_plan_path);
-        sigprocmask(SIG_UNBLOCK, &set, NULL);
-        signal(SIGINT, SIG_DFL);
-        signal(SIGQUIT, SIG_DFL);
-        prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
-        slow_path();
-    }
 
     int main_status = -1, ending = 0;
     if (launcher > 0) {
@@ -986,7 +1062,7 @@ int main(int argc, char **argv)
             main_status = (int)reported;
     }
     /* A launcher that did not exit 0 may have left processes: they came to us (subreaper).
-     * Kill them all, sparing S until its record is written. */
+     * Kill them all, sparing S (its status says whether it ended the session). */
     if (launcher_status != 0) {
         for (int round = 0; round < 64 && eg_signal_descendants(self, server, SIGKILL, 0); round++) {
             int st;
@@ -997,7 +1073,7 @@ int main(int argc, char **argv)
             usleep(1000);
         }
     }
-    /* then stop S (its record was written before anything ran) */
+    /* then stop S (the first record was written before anything ran) */
     if (server_status < 0) {
         kill(server, SIGTERM);
         while (waitpid(server, &server_status, __WALL) < 0 && errno == EINTR)

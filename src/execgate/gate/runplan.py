@@ -191,7 +191,7 @@ def render(
     inputs: Iterable[Path],
     snapshot: bytes,
     sessions: Path,
-    log: tuple[Path, int, int] | None,
+    log: tuple[str, int, int] | None,
     sandbox: str,
     launch_options: Sequence[str] = (),
 ) -> str:
@@ -221,7 +221,7 @@ def render(
     if log is None:
         lines.append("server nolog")
     else:
-        lines.append(f"server log {escape(os.fspath(log[0]))} {log[1]} {log[2]}")
+        lines.append(f"server log {escape(log[0])} {log[1]} {log[2]}")
     lines.append(f"server sandbox {escape(sandbox)}")
     lines += [f"launch {escape(word)}" for word in launch_options]
     lines.append(f"snapshot {snapshot.hex()}")

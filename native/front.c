@@ -1,15 +1,14 @@
-/* execgate-run: the native front of `execgate run` (docs/protocol.md §8, docs/architecture.md
- * "Start-up").
+/* The native front of `execgate run` (docs/protocol.md §8, docs/architecture.md "Start-up"),
+ * eg_front() in front.h: the installed `execgate` command (entry.c) and `execgate-run PYTHON
+ * [RUN ARGUMENTS...]` (run_main.c, which `python -m execgate run` execs) run it.
  *
- *   execgate-run PYTHON [RUN ARGUMENTS...]
- *
- * The `execgate` console script execs this for `execgate run` before it imports anything
- * heavy. It opens the session the slow path (the Python `execgate run`) would open, from the
+ * It opens the session the slow path (the Python `execgate run`) would open, from the
  * start-up plan that slow path wrote for the same user, working directory and options, once
  * every input the plan names is still what the slow path saw: the native front goes first, the
- * Python server catches up. Anything else goes to the slow path (`PYTHON -m execgate run
- * ARGUMENTS…`, unchanged): options this front does not handle, EXECGATE_FAST_START=0, a plan
- * that is missing, stale, unreadable, not the user's own 0600 regular file, and a first
+ * Python server catches up. Anything else goes to the slow path (the caller's Python command
+ * line with `run ARGUMENTS…`, unchanged): options this front does not handle,
+ * EXECGATE_FAST_START=0, a plan that is missing, stale, unreadable, not the user's own 0600
+ * regular file, a log that cannot take the first record, and a first
  * program the snapshot says must ask (exactly the interposer's check, gate.c).
  *
  * The session: a folder as gate/session.py's make_session_dir makes it (named after this
@@ -28,6 +27,7 @@
  *
  * Single-threaded; not a library: errors before anything started fall back to the slow path.
  */
+#include "front.h"
 #include "chain.h"
 #include "common.h"
 #include "gate.h"
@@ -79,7 +79,8 @@ static const char *const GATE_VARIABLES[] = {
 
 /* -- the slow path -------------------------------------------------------------------------- */
 
-static char *g_python;
+static char *const *g_slow; /* the slow path's command, before `run` */
+static int g_nslow;
 static char **g_run_args; /* the words after `execgate run` */
 static int g_run_argc;
 
@@ -87,21 +88,20 @@ static int g_run_argc;
 static void slow_path(void) __attribute__((noreturn));
 static void slow_path(void)
 {
-    char **argv = calloc((size_t)g_run_argc + 5, sizeof *argv);
+    char **argv = calloc((size_t)g_nslow + (size_t)g_run_argc + 2, sizeof *argv);
     if (!argv)
         _exit(70);
     int n = 0;
-    argv[n++] = g_python;
-    argv[n++] = "-m";
-    argv[n++] = "execgate";
+    for (int i = 0; i < g_nslow; i++)
+        argv[n++] = g_slow[i];
     argv[n++] = "run";
     for (int i = 0; i < g_run_argc; i++)
         argv[n++] = g_run_args[i];
     argv[n] = NULL;
     /* tells that `execgate` not to come back here (it removes the variable at once) */
     setenv("EXECGATE_FRONT_DECLINED", "1", 1);
-    execv(g_python, argv);
-    fprintf(stderr, "execgate: error: cannot run %s: %s\n", g_python, strerror(errno));
+    execv(argv[0], argv);
+    fprintf(stderr, "execgate: error: cannot run %s: %s\n", argv[0], strerror(errno));
     _exit(70);
 }
 
@@ -819,13 +819,12 @@ static void exit_like(int status)
     _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }
 
-int main(int argc, char **argv)
+void eg_front(char *const *slow, int nslow, int nrun, char **run)
 {
-    if (argc < 2)
-        return 2;
-    g_python = argv[1];
-    g_run_args = argv + 2;
-    g_run_argc = argc - 2;
+    g_slow = slow;
+    g_nslow = nslow;
+    g_run_args = run;
+    g_run_argc = nrun;
     const char *fast = getenv("EXECGATE_FAST_START");
     if (fast && !strcmp(fast, "0"))
         slow_path();

@@ -164,7 +164,8 @@ void eg_json_text(struct eg_str *out, const char *bytes, long limit, long *chars
 
 /* round(time, 6) as json writes that float (its repr): the 6 decimals without trailing
  * zeros, at least one. (Below 2^33 s doubles are closer together than 1e-6, so the shortest
- * repr of the double nearest a 6-decimal number is that number.) */
+ * repr of the double nearest a 6-decimal number is that number; repr has no exponent from
+ * 1e-4 up to 1e16.) */
 static void add_time(struct eg_str *o, long long us)
 {
     char t[48];

@@ -62,6 +62,9 @@ extern char **environ;
 #define BACKLOG 4096
 #define MAIN_SPAWN_ID 1 /* the launcher's first spawn; the server numbers its own from 2 */
 #define MAX_LIST 4096
+/* The plan's first line: its version, which is the front's and its server's (execgate/adopt.py)
+ * (gate/runplan.py's MAGIC; part of the plan's name, so two versions never share a plan). */
+#define PLAN_MAGIC "EGPLAN 2"
 
 /* Python's bootstrap for S: sys.path from the plan, then the adopt module (execgate/adopt.py). */
 static const char BOOT[] =
@@ -318,19 +321,20 @@ static int check_line(struct plan *p, char *line, const char *cwd, char **opts, 
     return 1;
 }
 
-/* The plan's file name: FNV-1a 64 of "UID\0CWD\0OPTION\0…" in hex (gate/runplan.py's
+/* The plan's file name: FNV-1a 64 of "MAGIC\0UID\0CWD\0OPTION\0…" in hex (gate/runplan.py's
  * plan_key; an index only: the plan's own lines are what is checked). */
 static void plan_name(char out[17], const char *cwd, char **opts, int nopts)
 {
     uint64_t h = 0xcbf29ce484222325ULL;
     char uid[24];
     size_t ulen = eg_fmt_long(uid, (long long)getuid());
-    const char *parts[MAX_LIST + 2];
-    size_t lens[MAX_LIST + 2];
+    const char *parts[MAX_LIST + 3];
+    size_t lens[MAX_LIST + 3];
     int np = 0;
+    parts[np] = PLAN_MAGIC, lens[np++] = sizeof PLAN_MAGIC - 1;
     parts[np] = uid, lens[np++] = ulen;
     parts[np] = cwd, lens[np++] = strlen(cwd);
-    for (int i = 0; i < nopts && np < MAX_LIST + 2; i++)
+    for (int i = 0; i < nopts && np < MAX_LIST + 3; i++)
         parts[np] = opts[i], lens[np++] = strlen(opts[i]);
     for (int k = 0; k < np; k++) {
         for (size_t i = 0; i < lens[k]; i++) {
@@ -376,7 +380,7 @@ static int load_plan(struct plan *p, const char *cwd, char **opts, int nopts)
         return -1;
     }
     text[st.st_size] = '\0';
-    if (strlen(text) != (size_t)st.st_size || strncmp(text, "EGPLAN 1\n", 9) != 0) {
+    if (strlen(text) != (size_t)st.st_size || strncmp(text, PLAN_MAGIC "\n", 9) != 0) {
         close(fd);
         return -1;
     }
@@ -882,7 +886,8 @@ void eg_front(char *const *slow, int nslow, int nrun, char **run)
         slow_path();
 
     char token[33], escalated[33], session_id[17];
-    int gate = -1, claim = -1, snap_fd = -1, ctl[2] = {-1, -1}, status[2] = {-1, -1};
+    int gate = -1, claim = -1, snap_fd = -1, ctl[2] = {-1, -1}, status[2] = {-1, -1},
+        done[2] = {-1, -1};
     if (make_session_dir(plan.sessions) < 0 || random_hex(token, 16) < 0 ||
         random_hex(escalated, 16) < 0 || random_hex(session_id, 8) < 0 ||
         (gate = listen_at("gate.sock", BACKLOG)) < 0 ||
@@ -890,7 +895,7 @@ void eg_front(char *const *slow, int nslow, int nrun, char **run)
         write_file("policy.snap", plan.snap, plan.snap_len, 0444) < 0 ||
         (snap_fd = sealed_snapshot(&plan)) < 0 ||
         socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ctl) < 0 ||
-        pipe2(status, O_CLOEXEC) < 0) {
+        pipe2(status, O_CLOEXEC) < 0 || pipe2(done, O_CLOEXEC) < 0) {
         remove_session_dir();
         sigprocmask(SIG_UNBLOCK, &set, NULL);
         slow_path(); /* nothing has started: the slow path says what is wrong, if anything */
@@ -900,12 +905,12 @@ void eg_front(char *const *slow, int nslow, int nrun, char **run)
     pid_t self = getpid();
     pid_t server = fork();
     if (server == 0) {
-        int keep[] = {gate, snap_fd, ctl[0], plan_fd};
-        child_setup(keep, 4, SIGTERM);
+        int keep[] = {gate, snap_fd, ctl[0], plan_fd, done[1]};
+        child_setup(keep, 5, SIGTERM);
         if (getppid() != self)
             _exit(1);
-        char fds[4][24];
-        for (int i = 0; i < 4; i++)
+        char fds[5][24];
+        for (int i = 0; i < 5; i++)
             fd_arg(fds[i], keep[i]);
         char nsys[24];
         fd_arg(nsys, plan.nsyspath);
@@ -926,6 +931,7 @@ void eg_front(char *const *slow, int nslow, int nrun, char **run)
         args[n++] = fds[0];
         args[n++] = fds[1];
         args[n++] = fds[2];
+        args[n++] = fds[4];
         args[n++] = g_dir;
         args[n++] = token;
         args[n++] = escalated;
@@ -990,6 +996,7 @@ void eg_front(char *const *slow, int nslow, int nrun, char **run)
     close(ctl[1]);
     close(claim);
     close(status[1]);
+    close(done[1]);
     close(gate); /* S's alone: if S dies, every exec is denied ("the server is gone") */
     close(plan_fd);
 
@@ -1072,11 +1079,21 @@ void eg_front(char *const *slow, int nslow, int nrun, char **run)
             usleep(1000);
         }
     }
-    /* then stop S (the first record was written before anything ran) */
+    /* then stop S (the first record was written before anything ran). S says its status on
+     * the done pipe as its last act before _exit: the kernel's teardown of an interpreter
+     * (milliseconds to tens of them on a loaded machine) is not waited for; S, still dying,
+     * goes to our reaper. EOF without a status (S died or was still starting): wait for it. */
     if (server_status < 0) {
         kill(server, SIGTERM);
-        while (waitpid(server, &server_status, __WALL) < 0 && errno == EINTR)
+        unsigned char said;
+        ssize_t got;
+        while ((got = read(done[0], &said, 1)) < 0 && errno == EINTR)
             ;
+        if (got == 1)
+            server_status = W_EXITCODE(said, 0);
+        else
+            while (waitpid(server, &server_status, __WALL) < 0 && errno == EINTR)
+                ;
     }
     /* and whatever else is still ours */
     while (waitpid(-1, NULL, __WALL | WNOHANG) > 0)

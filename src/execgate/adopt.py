@@ -8,8 +8,11 @@ what the front used.
 
 Command line (the front's; not for people)::
 
-    PLAN_FD LISTEN_FD SNAPSHOT_FD CONTROL_FD SESSION_DIR TOKEN ESCALATED_TOKEN
+    PLAN_FD LISTEN_FD SNAPSHOT_FD CONTROL_FD DONE_FD SESSION_DIR TOKEN ESCALATED_TOKEN
     SESSION_ID PROGRAM REALPATH CWD -- COMMAND...
+
+DONE_FD: a pipe on which this server writes its exit status as its last act (the front then
+need not wait for the kernel to tear the interpreter down).
 """
 
 from __future__ import annotations
@@ -26,17 +29,20 @@ class FrontStart:
     class: dataclasses would cost this start tens of milliseconds of imports."""
 
     def __init__(self, argv: list[str]) -> None:
-        if len(argv) < 13 or argv[11] != "--":
+        if len(argv) < 14 or argv[12] != "--":
             raise SystemExit("execgate: error: the server of a native start was started wrongly")
-        plan_fd, self.listen_fd, self.snapshot_fd, self.control_fd = map(int, argv[:4])
+        plan_fd, self.listen_fd, self.snapshot_fd, self.control_fd, self.done_fd = map(
+            int, argv[:5]
+        )
+        os.set_inheritable(self.done_fd, False)  # (its EOF: this server is gone)
         try:
             self.plan = runplan.read_fd(plan_fd)
         finally:
             os.close(plan_fd)
-        self.session_dir = Path(argv[4])
-        self.token, self.escalated_token, self.session_id = argv[5:8]
-        self.program, self.realpath, self.cwd = argv[8:11]
-        self.command = argv[12:]
+        self.session_dir = Path(argv[5])
+        self.token, self.escalated_token, self.session_id = argv[6:9]
+        self.program, self.realpath, self.cwd = argv[9:12]
+        self.command = argv[13:]
         self.front_pid = os.getppid()
 
 
@@ -45,4 +51,4 @@ def main() -> None:
     from execgate.cli import entry_with
     from execgate.cli.run import serve_adopted
 
-    entry_with(lambda: serve_adopted(start))
+    entry_with(lambda: serve_adopted(start), done_fd=start.done_fd)

@@ -92,7 +92,7 @@ def test_concurrent_fast_and_slow_runs_keep_one_chain(world: World) -> None:
             cwd=world.work,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
         for n in range(10)
     ]
     assert [r.wait(timeout=120) for r in runs] == [n % 4 for n in range(10)]

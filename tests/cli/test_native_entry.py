@@ -31,7 +31,9 @@ def records(home: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def gated(world: World, *command: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+def gated(
+    world: World, *command: str | bytes, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
     """``execgate run -- COMMAND``: its status, stderr and which path ran it."""
     before = len(records(world.execgate_home))
     process = subprocess.Popen(
@@ -68,6 +70,43 @@ def test_run_starts_natively_and_every_other_command_is_pythons(world: World) ->
     assert done.stdout == "execgate\n", done
     verify = subprocess.run([ENTRY, "log", "verify"], env=world.env(), capture_output=True)
     assert verify.returncode == 0, verify
+
+
+# Fields that differ between any two runs (the session, the time, the processes, the chain).
+VARYING = ("time", "session", "pid", "ppid", "prev")
+
+
+def test_the_fronts_first_record_is_the_slow_paths(world: World) -> None:
+    """The record the front writes in C is the one the Python server writes for the same
+    command: characters outside ASCII, above U+FFFF, control characters, undecodable bytes,
+    a word longer than a record keeps."""
+    command = [
+        b"dash",
+        b"-c",
+        b"exit 0",
+        '\u00e9\U0001f600\t"\\\x7f'.encode(),
+        b"\xff\xc3(\xed\xa0\x80",
+    ]
+    command.append(b"y" * 5000)
+    assert gated(world, *command)[2] == "slow"  # the plan
+    firsts = []
+    for env, path in ((None, "fast"), ({"EXECGATE_FAST_START": "0"}, "slow")):
+        before = len(records(world.execgate_home))
+        assert gated(world, *command, env=env)[::2] == (0, path)
+        firsts.append(records(world.execgate_home)[before])
+    fast, slow = ({k: v for k, v in r.items() if k not in VARYING} for r in firsts)
+    assert fast == slow
+    assert fast["argv_cut"] == 5000 - 4096 and fast["argv"][4] == "\udcff\udcc3(\udced\udca0\udc80"
+
+
+def test_a_locale_python_would_not_decode_as_utf8_sends_non_ascii_to_python(
+    world: World,
+) -> None:
+    latin = {"LC_ALL": "en_US.ISO-8859-1"}
+    assert gated(world, "dash", "-c", "exit 0")[2] == "slow"  # the plan
+    assert gated(world, "dash", "-c", "exit 0", env=latin)[2] == "fast"
+    assert gated(world, "dash", "-c", "exit 0", "\u00e9", env=latin)[2] == "slow"
+    assert gated(world, "dash", "-c", "exit 0", "\u00e9")[2] == "fast"
 
 
 def test_a_run_the_front_declines_goes_to_python_once(world: World) -> None:

@@ -200,8 +200,8 @@ def _last_line_hash(path: Path, size: int) -> tuple[str | None, bool]:
 # -- reading ----------------------------------------------------------------------------------
 
 
-# NamedTuples, not dataclasses: appending (a native start's first record, execgate/adopt.py)
-# must not import dataclasses (inspect, re, ast: tens of ms).
+# NamedTuples, not dataclasses: this module stays cheap to import (dataclasses imports inspect,
+# re, ast: tens of ms). (native/chain.c is the other writer: the native front's first record.)
 class Line(NamedTuple):
     file: Path
     number: int  # 1-based, within ``file``

@@ -142,6 +142,16 @@ class StandIns:
             return None
         return self._by_id.get((st.st_dev, st.st_ino))
 
+    def covered_by(self, fd: int) -> tuple[FileId, str] | None:
+        """The stand-in behind ``fd`` (its identity) and the program it covers, or None when
+        it is not one of ours."""
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return None
+        program = self._by_id.get((st.st_dev, st.st_ino))
+        return None if program is None else ((st.st_dev, st.st_ino), program)
+
     def substitute(
         self, fds: Sequence[int], claimed: Sequence[tuple[bytes, bytes]], cwd: str
     ) -> tuple[list[int], list[tuple[bytes, bytes]], list[int]] | None:

@@ -67,7 +67,7 @@ from execgate.gate.program import GatedExec, parent_pid, runs_file, vouched
 from execgate.gate.protocol import Authorization, EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import GateServer, Peer, Reply
 from execgate.gate.snapshot import SealedSnapshot
-from execgate.gate.standing import Standing
+from execgate.gate.standing import STANDING_VIA, Standing
 from execgate.gate.standins import StandIns
 from execgate.netproxy.variables import PROXY_VARIABLE_NAMES, proxy_variables
 from execgate.policy import allow_rule_line
@@ -115,13 +115,14 @@ def _log_escalation(exec_: GatedExec, action: Action, sandbox: str, when: float)
     """One line of the escalations log: an escalation, or a run the server explained
     (``when``: the time of the decision)."""
     if action.verdict == Verdict.ESCALATE:
-        message = "escalated %s (program %s, pid %d, cwd %s, sandbox %s)"
+        message = "escalated %s (program %s, pid %d, cwd %s, sandbox %s%s)"
         args: tuple[object, ...] = (
             exec_.display(),
             exec_.realpath or exec_.path,
             exec_.pid,
             exec_.cwd,
             sandbox,
+            ", standing" if exec_.via == STANDING_VIA else "",
         )
     else:
         message, args = "%s: %s", (exec_.display(), action.reason)
@@ -893,7 +894,7 @@ class EscalationSession:
                 "gate: unknown standing authorization %d claimed by pid %d", standing_id, pid
             )
             return
-        exec_ = replace(granted.exec, pid=pid, ppid=parent_pid(pid))
+        exec_ = replace(granted.exec, pid=pid, ppid=parent_pid(pid), via=STANDING_VIA)
         self._record(exec_, granted.action)
 
     @functools.cached_property

@@ -30,6 +30,8 @@ from execgate.gate.launcher import Launcher, LauncherError
 from execgate.gate.program import GatedExec
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError, encode_standing
 
+#: The ``via`` of a standing claim's record (the decision log, the escalations log).
+STANDING_VIA = "standing"
 #: Standing authorizations at once (the launcher keeps as many, native/launch.c MAX_STANDING).
 LIMIT = 64
 #: Claims the session can still log after their authorization was replaced or revoked.

@@ -77,6 +77,7 @@
 #define MAX_TICKET 255
 #define MAX_TICKETS 256 /* outstanding authorizations; the oldest goes first */
 #define MAX_STANDING 64 /* standing authorizations; the oldest goes first */
+#define MAX_STANDING_BYTES (4u << 20) /* ... and their messages together, at most */
 
 static const int IGNORED_SIGNALS[] = {SIGINT, SIGQUIT, SIGTSTP, SIGTTIN, SIGTTOU, SIGHUP, SIGPIPE};
 
@@ -124,12 +125,13 @@ struct ticket {
     long long expires;        /* now_ms() deadline */
     int fd;                   /* the judged program (close-on-exec): what a claim executes */
     int confined;             /* `authorize-confined`: the claim runs it inside the sandbox */
+    size_t memlen;            /* the message's size (standing authorizations) */
     /* A standing authorization (control message `standing`): what the server judged, each
      * compared with what the launcher derives itself at every standing claim (§4). */
     const char *realpath;     /* the judged descriptor's canonical path */
     size_t argc;
     long long dev, ino, ctime_ns, mtime_ns, size, mode, nlink; /* the server's fstat */
-    long long standin_dev, standin_ino; /* the stand-in the request came through, or 0, 0 */
+    long long standin_dev, standin_ino; /* the stand-in the request came through (§5) */
 };
 
 static struct sb_config g_sandbox;
@@ -152,6 +154,7 @@ static struct ticket *g_tickets;
 static size_t g_ntickets;     /* at most MAX_TICKETS: each holds a descriptor */
 static struct ticket *g_standing; /* standing authorizations, newest first */
 static size_t g_nstanding;    /* at most MAX_STANDING: each holds a descriptor */
+static size_t g_standing_bytes; /* their messages' sizes, at most MAX_STANDING_BYTES */
 static int g_watch = -1;      /* the server's folder watch (inotify): pending events = revoked */
 static long long g_accept_paused; /* now_ms() until which the claim socket is not polled */
 static int g_last_ended;      /* a `last` spawn was reaped: exit once no child is left */
@@ -908,6 +911,7 @@ static void revoke_standing(void)
         free_ticket(t);
     }
     g_nstanding = 0;
+    g_standing_bytes = 0;
 }
 
 /* EG1 · standing · ID · TOKEN · DISPLAY · PATH · REALPATH · CWD · DEV · INO · CTIME_NS ·
@@ -915,9 +919,9 @@ static void revoke_standing(void)
  *       DROPC · NAME… · PREFIXC · PREFIX… ·
  *       KEEPC · ENTRY… · SETC · ENTRY…   + the program's fd, then the server's folder watch
  * Takes ownership of payload and both fds. 0 or -EPROTO. */
-static int handle_standing(struct eg_fields *f, char *payload, int fd, int watch)
+static int handle_standing(struct eg_fields *f, char *payload, size_t len, int fd, int watch)
 {
-    struct ticket *t = calloc(1, sizeof *t);
+    struct ticket *t = len <= MAX_STANDING_BYTES ? calloc(1, sizeof *t) : NULL;
     if (!t) {
         free(payload);
         close(fd);
@@ -925,6 +929,7 @@ static int handle_standing(struct eg_fields *f, char *payload, int fd, int watch
         return 0; /* not kept: its claims ask the server */
     }
     t->mem = payload;
+    t->memlen = len;
     t->fd = fd;
     size_t idlen;
     if (!(t->id = eg_next(f, &idlen)) || !(t->token = eg_next(f, NULL)) ||
@@ -938,7 +943,7 @@ static int handle_standing(struct eg_fields *f, char *payload, int fd, int watch
         !(t->drop = counted(f)) ||
         !(t->prefix = counted(f)) || !(t->keep = counted(f)) || !(t->set = counted(f)) ||
         !eg_fields_done(f) || idlen == 0 || idlen > MAX_TICKET || t->path[0] != '/' ||
-        t->cwd[0] != '/' || !t->realpath[0] || !t->argv[0]) {
+        t->cwd[0] != '/' || t->realpath[0] != '/' || !t->argv[0] || !t->standin_ino) {
         free_ticket(t);
         close(watch);
         return -EPROTO;
@@ -960,10 +965,12 @@ static int handle_standing(struct eg_fields *f, char *payload, int fd, int watch
     if (g_watch >= 0)
         close(g_watch);
     g_watch = watch;
-    if (g_nstanding >= MAX_STANDING) { /* the oldest (last) one goes */
+    while (g_standing && (g_nstanding >= MAX_STANDING ||
+                          g_standing_bytes + len > MAX_STANDING_BYTES)) { /* the oldest goes */
         struct ticket **pp = &g_standing;
         while ((*pp)->next)
             pp = &(*pp)->next;
+        g_standing_bytes -= (*pp)->memlen;
         free_ticket(*pp);
         *pp = NULL;
         g_nstanding--;
@@ -971,6 +978,7 @@ static int handle_standing(struct eg_fields *f, char *payload, int fd, int watch
     t->next = g_standing;
     g_standing = t;
     g_nstanding++;
+    g_standing_bytes += len;
     return 0;
 }
 
@@ -1277,23 +1285,19 @@ static long long ns_of(const struct timespec *ts)
 static int standing_holds(const struct ticket *t, struct conn *c, int prog)
 {
     struct stat mine, theirs;
-    int judged = prog, opened = -1;
-    if (t->standin_ino) {
-        /* Through a stand-in (§5): the claimer's descriptor must be that very stand-in, and
-         * the file judged is the program it covers, opened by path, as the server does. */
-        if (fstat(prog, &theirs) < 0 || (long long)theirs.st_dev != t->standin_dev ||
-            (long long)theirs.st_ino != t->standin_ino)
-            return 0;
-        judged = opened = open(t->realpath, O_PATH | O_CLOEXEC);
-        if (opened < 0)
-            return 0;
-    }
+    /* The claimer's descriptor must be the very stand-in the request came through (§5), and
+     * the file judged is the program it covers, opened by its path, as the server does. */
+    if (fstat(prog, &theirs) < 0 || (long long)theirs.st_dev != t->standin_dev ||
+        (long long)theirs.st_ino != t->standin_ino)
+        return 0;
+    int judged = open(t->realpath, O_PATH | O_CLOEXEC);
+    if (judged < 0)
+        return 0;
     int r = fstat(judged, &theirs);
     char link[64], real[PATH_MAX + 1];
     snprintf(link, sizeof link, "/proc/self/fd/%d", judged);
     ssize_t n = r < 0 ? -1 : readlink(link, real, sizeof real - 1);
-    if (opened >= 0)
-        close(opened);
+    close(judged);
     if (n <= 0)
         return 0;
     real[n] = '\0';
@@ -1760,7 +1764,7 @@ static int handle_message(char **payload, size_t len, int *fds, int nfds, long l
             return -EPROTO;
         char *kept = *payload;
         *payload = NULL;
-        r = handle_standing(&f, kept, fds[0], fds[1]) < 0 ? -EPROTO : 1;
+        r = handle_standing(&f, kept, len, fds[0], fds[1]) < 0 ? -EPROTO : 1;
         fds[0] = fds[1] = -1;
     } else if (nfds)
         r = -EPROTO;

@@ -334,13 +334,13 @@ def encode_standing(
     realpath: bytes,
     cwd: bytes,
     judged: JudgedFile,
-    standin: tuple[int, int] | None,
+    standin: tuple[int, int],
     argv: Sequence[bytes],
     env: EnvRules,
 ) -> bytes:
     """A ``standing`` message (§7): claims of exactly this exec need not ask the server.
-    ``standin``: the (dev, ino) of the stand-in the request came through (§5), if any."""
-    standin_dev, standin_ino = standin or (0, 0)
+    ``standin``: the (dev, ino) of the stand-in the request came through (§5)."""
+    standin_dev, standin_ino = standin
     head: list[Field] = [
         standing_id, token, display.replace("\n", " ").encode("utf-8", "surrogateescape"),
         path, realpath, cwd, judged.dev, judged.ino, judged.ctime_ns, judged.mtime_ns,

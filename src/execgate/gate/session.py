@@ -860,7 +860,7 @@ class EscalationSession:
             action is decided
             and action.verdict == Verdict.ESCALATE
             and confined
-            and (not standin or through is not None)
+            and through is not None
             and isinstance(answer, bytes)
             and answer.startswith(_ESCALATE_PAYLOAD, protocol.HEADER.size)
             and self.escalation.is_kept(exec_, action, confined=confined)
@@ -875,7 +875,7 @@ class EscalationSession:
         program: ExecFile,
         runs: int,
         action: Action,
-        through: tuple[FileId, str] | None,
+        through: tuple[FileId, str],
     ) -> None:
         """Offer a standing authorization for claims of exactly this exec (gate/standing.py)."""
         if self._standing is None:

@@ -12,8 +12,10 @@ still has one record per escalation.
 Offered only for what nothing but those facts decides: a program (no ``#!`` chain, not the
 loader) that does not leave the gate, escalated by a kept action (an ``allow`` rule naming it
 by a bare name: no human, no approval, no skill script), asked with the session's own token
-from inside the sandbox, whose file had not changed for a second when the server looked at it
-(so any later change moves its ``ctime``, which the launcher compares). Everything a judgement
+from inside the sandbox through the stand-in that covers it there (docs/protocol.md §5: the
+claimer's descriptor must be that stand-in, which no sandboxed process can forge), whose file
+had not changed for a second when the server looked at it (so any later change moves its
+``ctime``, which the launcher compares). Everything a judgement
 also depends on (policy, aliases, contents, skill folders, approvals) revokes them all first
 (:meth:`Standing.revoke`, called by the live policy before it changes and by the session).
 """
@@ -34,6 +36,8 @@ from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError, encode_
 STANDING_VIA = "standing"
 #: Standing authorizations at once (the launcher keeps as many, native/launch.c MAX_STANDING).
 LIMIT = 64
+#: The largest standing message offered (a huge argv is escalated the usual way).
+MAX_FRAME = 64 << 10
 #: Claims the session can still log after their authorization was replaced or revoked.
 LOGGED = 256
 #: A file whose ctime is younger than this may still change within the same clock tick.
@@ -67,17 +71,16 @@ class Standing:
         runs: int,
         action: Action,
         env: EnvRules,
-        standin: tuple[FileId, str] | None,
+        standin: tuple[FileId, str],
     ) -> None:
         """Let the launcher take claims of exactly ``exec_`` (escalated as ``action`` with the
         descriptor ``runs``) when it qualifies (see the module's docstring). ``standin``: the
         stand-in the request came through and the path of the program it covers (opened by
         that path: the launcher opens it again the same way)."""
         judged = program.judged
-        if standin is not None and standin[1] != exec_.realpath:
-            return
         if (
-            self._watch_fd is None
+            standin[1] != exec_.realpath
+            or self._watch_fd is None
             or judged is None
             or request.token != self._token
             or exec_.interpreters
@@ -90,7 +93,7 @@ class Standing:
             or judged.ctime_ns > time.time_ns() - _SETTLED_NS
         ):
             return
-        standin_id = standin[0] if standin else None
+        standin_id = standin[0]
         key = (exec_.path, exec_.realpath, exec_.cwd, exec_.argv, judged, standin_id)
         if key in self._offered:
             return
@@ -108,6 +111,8 @@ class Standing:
                 argv=request.argv,
                 env=env,
             )
+            if len(frame) > MAX_FRAME:
+                return
             self._launcher.stand(frame, runs, self._watch_fd)
         except (LauncherError, ProtocolError):
             return

@@ -883,7 +883,9 @@ class EscalationSession:
             self.launcher.on_stood = self._stood
             self._unrevoke = self.live.on_change(self._standing.revoke)
         env = self.escalated_env_rules()
-        self._standing.offer(exec_, request, program, runs, action, env, through)
+        if self._standing.offer(exec_, request, program, runs, action, env, through):
+            assert self.standins is not None  # (a request came through one)
+            self.standins.mark_standing(through[1])
 
     def _stood(self, standing_id: int, pid: int) -> None:
         """The launcher took a standing claim: its decision record, as the server would have

@@ -83,11 +83,11 @@ class Standing:
         action: Action,
         env: EnvRules,
         standin: tuple[FileId, str],
-    ) -> None:
+    ) -> bool:
         """Let the launcher take claims of exactly ``exec_`` (escalated as ``action`` with the
         descriptor ``runs``) when it qualifies (see the module's docstring). ``standin``: the
         stand-in the request came through and the path of the program it covers (opened by
-        that path: the launcher opens it again the same way)."""
+        that path: the launcher opens it again the same way). Whether one is standing now."""
         judged = program.judged
         if (
             standin[1] != exec_.realpath
@@ -104,11 +104,11 @@ class Standing:
             or request.path != exec_.path.encode("utf-8", "surrogateescape")
             or judged.ctime_ns > time.time_ns() - _SETTLED_NS
         ):
-            return
+            return False
         standin_id = standin[0]
         key = (exec_.path, exec_.realpath, exec_.cwd, exec_.argv, judged, standin_id)
         if key in self._offered:
-            return
+            return True
         self._ids += 1
         try:
             frame = encode_standing(
@@ -124,16 +124,17 @@ class Standing:
                 env=env,
             )
             if len(frame) > MAX_FRAME:
-                return
+                return False
             self._launcher.stand(frame, runs, self._watch_fd)
         except (LauncherError, ProtocolError):
-            return
+            return False
         if len(self._offered) >= LIMIT:  # the launcher let its oldest go too
             del self._offered[next(iter(self._offered))]
         self._offered[key] = self._ids
         self._granted[self._ids] = Granted(exec_, action)
         while len(self._granted) > LOGGED:
             self._granted.popitem(last=False)
+        return True
 
     def revoke(self) -> None:
         """Every standing authorization goes, before this returns (written to the launcher)."""

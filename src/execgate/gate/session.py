@@ -48,7 +48,13 @@ from execgate.gate.escalation import (
     no_one_to_ask,
 )
 from execgate.gate.gitrepo import sandbox_writable_repository
-from execgate.gate.identity import ExecFile, IdentityError, inspect_descriptors, open_path
+from execgate.gate.identity import (
+    ExecFile,
+    FileId,
+    IdentityError,
+    inspect_descriptors,
+    open_path,
+)
 from execgate.gate.launcher import (
     LaunchedProcess,
     Launcher,
@@ -57,10 +63,11 @@ from execgate.gate.launcher import (
     authorization,
 )
 from execgate.gate.livepolicy import LivePolicy
-from execgate.gate.program import GatedExec, runs_file, vouched
+from execgate.gate.program import GatedExec, parent_pid, runs_file, vouched
 from execgate.gate.protocol import Authorization, EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import GateServer, Peer, Reply
 from execgate.gate.snapshot import SealedSnapshot
+from execgate.gate.standing import STANDING_VIA, Standing
 from execgate.gate.standins import StandIns
 from execgate.netproxy.variables import PROXY_VARIABLE_NAMES, proxy_variables
 from execgate.policy import allow_rule_line
@@ -94,6 +101,7 @@ GATE_VARIABLES = (
 _UNKNOWN_FILE = ExecFile(realpath="", dev=0, ino=0, shebang=None)
 # Authorizations kept per session, one per escalated command shape (see _authorization).
 _AUTHORIZATIONS_KEPT = 256
+_ESCALATE_PAYLOAD = protocol.TAG + b"\0escalate\0"  # how an `escalate` answer's payload starts
 
 
 class SessionDenied(ExecgateError):
@@ -107,13 +115,14 @@ def _log_escalation(exec_: GatedExec, action: Action, sandbox: str, when: float)
     """One line of the escalations log: an escalation, or a run the server explained
     (``when``: the time of the decision)."""
     if action.verdict == Verdict.ESCALATE:
-        message = "escalated %s (program %s, pid %d, cwd %s, sandbox %s)"
+        message = "escalated %s (program %s, pid %d, cwd %s, sandbox %s%s)"
         args: tuple[object, ...] = (
             exec_.display(),
             exec_.realpath or exec_.path,
             exec_.pid,
             exec_.cwd,
             sandbox,
+            ", standing" if exec_.via == STANDING_VIA else "",
         )
     else:
         message, args = "%s: %s", (exec_.display(), action.reason)
@@ -469,6 +478,8 @@ class EscalationSession:
         self._env_rules: EnvRules | None = None
         self._authorizations: dict[tuple[object, ...], Authorization] = {}
         self._tickets = Tickets()
+        self._standing: Standing | None = None  # made at the first standing authorization
+        self._unrevoke: Callable[[], None] | None = None
         # Network through the proxy: the proxy's thread, and what points programs at it.
         self.proxied = self.confined and sandbox is not None and sandbox.network_proxy
         self.network = config.network  # None: NetworkSettings()
@@ -783,9 +794,12 @@ class EscalationSession:
             return protocol.encode_deny(self.denial(exec_, "request not from this session"))
         claimed: Sequence[tuple[bytes, bytes]] = request.interpreters
         opened: list[int] = []  # descriptors opened here, for a stand-in's program
+        standin: tuple[FileId, str] | None = None  # the stand-in it came through, its program
         if confined and self.standins is not None:
             try:
                 substituted = self.standins.substitute(fds, claimed, os.fsdecode(request.cwd))
+                if substituted is not None:
+                    standin = self.standins.covered_by(fds[0])
             except OSError as exc:
                 exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
                 return protocol.encode_deny(
@@ -794,7 +808,9 @@ class EscalationSession:
             if substituted is not None:
                 fds, claimed, opened = substituted
         try:
-            answer = self._judge(request, fds, claimed, peer, confined, standin=bool(opened))
+            answer = self._judge(
+                request, fds, claimed, peer, confined, standin=bool(opened), through=standin
+            )
         except BaseException:
             _close_all(opened)
             raise
@@ -814,7 +830,10 @@ class EscalationSession:
         confined: bool,
         *,
         standin: bool,
+        through: tuple[FileId, str] | None = None,
     ) -> Reply:
+        """``through``: the stand-in a request came through (when it is the program), and
+        the path of the program it covers."""
         try:
             contents = self.live.current_contents()
             program, interpreters = inspect_descriptors(fds, claimed, contents)
@@ -833,9 +852,52 @@ class EscalationSession:
             return self._ask_then_answer(
                 exec_, request, fds[-1], action.approval, confined, standin=standin
             )
+        decided = action
         action = _in_place_from_writable_repository(exec_, action, confined, self.sandbox)
         self._record(exec_, action)
-        return self._encode(exec_, request, fds[-1], action, standin=standin)
+        answer = self._encode(exec_, request, fds[-1], action, standin=standin)
+        if (
+            action is decided
+            and action.verdict == Verdict.ESCALATE
+            and confined
+            and through is not None
+            and isinstance(answer, bytes)
+            and answer.startswith(_ESCALATE_PAYLOAD, protocol.HEADER.size)
+            and self.escalation.is_kept(exec_, action, confined=confined)
+        ):
+            self._stand(exec_, request, program, fds[-1], action, through)
+        return answer
+
+    def _stand(
+        self,
+        exec_: GatedExec,
+        request: ExecRequest,
+        program: ExecFile,
+        runs: int,
+        action: Action,
+        through: tuple[FileId, str],
+    ) -> None:
+        """Offer a standing authorization for claims of exactly this exec (gate/standing.py)."""
+        if self._standing is None:
+            self._standing = Standing(self.launcher, self.token, self.live.watch_fd())
+            self.launcher.on_stood = self._stood
+            self._unrevoke = self.live.on_change(self._standing.revoke)
+        env = self.escalated_env_rules()
+        if self._standing.offer(exec_, request, program, runs, action, env, through):
+            assert self.standins is not None  # (a request came through one)
+            self.standins.mark_standing(through[1])
+
+    def _stood(self, standing_id: int, pid: int) -> None:
+        """The launcher took a standing claim: its decision record, as the server would have
+        written it (after the program started)."""
+        granted = self._standing.claimed(standing_id) if self._standing else None
+        if granted is None:
+            log.warning(
+                "gate: unknown standing authorization %d claimed by pid %d", standing_id, pid
+            )
+            return
+        exec_ = replace(granted.exec, pid=pid, ppid=parent_pid(pid), via=STANDING_VIA)
+        self._record(exec_, granted.action)
 
     @functools.cached_property
     def sandbox_text(self) -> str:
@@ -909,6 +971,8 @@ class EscalationSession:
         """Ask a human, then resolve the answer; returns the action and the answer it follows
         from."""
         approval = await self.ask_human(request)
+        if self._standing is not None:  # an answer may approve for the session: all go
+            self._standing.revoke()
         return self.escalation.resolve(request, approval, confined=confined), approval
 
     async def ask_human(self, request: ApprovalRequest) -> Approval:
@@ -1011,6 +1075,10 @@ class EscalationSession:
         for scope in list(self._asking):
             scope.cancel()
         self._unsubscribe()
+        if self._unrevoke is not None:
+            self._unrevoke()
+        if self._standing is not None:
+            self._standing.revoke()
         await asyncio.sleep(0)  # let pending asks answer "denied" before the server closes
         if self._launcher is not None:
             await self._launcher.shutdown(grace)

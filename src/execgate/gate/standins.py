@@ -110,6 +110,7 @@ class StandIns:
         folder.mkdir(mode=0o700)
         self._by_program: dict[str, Path] = {}
         self._by_id: dict[FileId, str] = {}
+        self._marked: set[str] = set()  # programs whose stand-in says standing claims may hold
         write_atomically(self.table, b"", mode=0o444)
 
     def cover(self, programs: Iterable[str]) -> None:
@@ -141,6 +142,39 @@ class StandIns:
         except OSError:
             return None
         return self._by_id.get((st.st_dev, st.st_ino))
+
+    def mark_standing(self, program: str) -> None:
+        """Tell interposers that execs of ``program``'s stand-in may be claimed standing
+        (docs/protocol.md §4 "Standing claims"): a line after its ``#!`` line makes it larger
+        than a bare stand-in. Only a hint (the launcher checks every claim), so that execs of
+        other stand-ins never try. Best effort: a stand-in being executed right now
+        (``ETXTBSY``) is marked at the next offer."""
+        standin = self._by_program.get(program)
+        if standin is None or program in self._marked:
+            return
+        try:
+            os.chmod(standin, 0o755)
+            try:
+                fd = os.open(standin, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                try:
+                    os.write(fd, b"# standing\n")
+                finally:
+                    os.close(fd)
+            finally:
+                os.chmod(standin, 0o555)
+        except OSError:
+            return
+        self._marked.add(program)
+
+    def covered_by(self, fd: int) -> tuple[FileId, str] | None:
+        """The stand-in behind ``fd`` (its identity) and the program it covers, or None when
+        it is not one of ours."""
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return None
+        program = self._by_id.get((st.st_dev, st.st_ino))
+        return None if program is None else ((st.st_dev, st.st_ino), program)
 
     def substitute(
         self, fds: Sequence[int], claimed: Sequence[tuple[bytes, bytes]], cwd: str

@@ -1,0 +1,98 @@
+"""Red team of this session's fast paths, from inside real `execgate run --sandbox
+workspace-write` sessions, as root and as an unprivileged user.
+
+Standing claims (docs/protocol.md §4 "Standing claims"): an escalation the launcher grants
+without the server must still never start in a git repository the sandbox made after the
+server's look (the server's check at the judgement is gone from that path: only the launcher's
+own look at the claim stands between a planted `core.fsmonitor` and code outside the sandbox);
+and a claimer that is gone, a descriptor that is not the stand-in, and malformed frames are
+misses or closed connections that leave the launcher serving.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from .test_standing_claims import escalations, folders, run_session
+
+CLAIMER = Path(__file__).with_name("redteam_claim.py")
+
+
+def _template_repository(base: Path, witness: Path) -> Path:
+    """A repository (one commit, an index) whose `core.fsmonitor` leaves ``witness`` when git
+    runs it: `git status` does."""
+    repo = base / "tpl"
+    git = ["git", "-C", str(repo), "-c", "user.email=r@t", "-c", "user.name=rt"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "f").write_text("f\n")
+    subprocess.run([*git, "add", "f"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    subprocess.run([*git, "config", "core.fsmonitor", f"touch {witness}; false"], check=True)
+    return repo
+
+
+def test_a_standing_git_never_starts_in_a_repository_planted_after_the_judgement(
+    place: tuple[Any, Path],
+) -> None:
+    user, base = place
+    ws, out = folders(base)
+    witness = out / "PWNED"  # only a git outside the sandbox can make it
+    tpl = _template_repository(base, witness)
+    rules = 'prefix_rule(["git", "status"], "allow")\n'
+    dirs = ["a", "b/c", "d"]
+    quiet = ">/dev/null 2>&1"
+    script = f"""
+mkdir -p {" ".join(dirs)}
+for d in {" ".join(dirs)}; do (cd $d && git status {quiet}; git status {quiet}); done
+cp -r {tpl}/.git a/.git                     # a repository in the working directory
+cp -r {tpl}/.git b/.git                     # one in a folder above it
+cp -r {tpl}/.git repo.git && printf 'gitdir: ../repo.git\\n' > d/.git  # a gitfile
+for d in {" ".join(dirs)}; do (cd $d && git status {quiet}; git status {quiet}); done
+cd a && RT_PATH=/usr/bin/git RT_ARGV='["git", "status"]' python3 {CLAIMER} exact
+echo alive
+"""
+    stdout, stderr, log = run_session(user, base, rules, script)
+    assert "alive" in stdout, (stdout, stderr)
+    assert not witness.exists(), (stdout, stderr, log)
+    # Before the plant: each folder's repeat was a standing claim (the attack met the fast
+    # path); after it: no escalation at all, standing or not.
+    assert escalations(log, "git status") == [False, True] * 3, log
+    assert "exact miss" in stdout, stdout
+    in_place = [line for line in log if "not escalated: it would start in the git" in line]
+    assert len(in_place) == 6, log
+
+
+def test_sly_and_malformed_standing_claims_are_misses_and_the_launcher_keeps_serving(
+    place: tuple[Any, Path],
+) -> None:
+    user, base = place
+    _, out = folders(base)
+    (out / "t").touch()
+    rules = 'prefix_rule(["touch"], "allow")\n'
+    modes = ["exact", "orphan", "memfd", "truncated", "argc", "nfds", "nofds", "header", "exact"]
+    argv = json.dumps(["touch", f"{out}/t"])
+    script = f"""
+touch {out}/t; touch {out}/t
+RT_PATH=/usr/bin/touch RT_ARGV={shlex.quote(argv)} {sys.executable} {CLAIMER} {" ".join(modes)}
+touch {out}/t && echo alive
+"""
+    stdout, stderr, log = run_session(user, base, rules, script)
+    assert "alive" in stdout, (stdout, stderr)
+    answers = dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line)
+    lines = [line.split(" ", 1) for line in stdout.splitlines() if " " in line]
+    got = [answer for mode, answer in lines if mode == "exact"]
+    assert len(got) == 2 and all(a.startswith("go") for a in got), (stdout, stderr)
+    for mode in ("orphan", "memfd"):
+        assert answers[mode] == "miss", (mode, stdout, stderr)
+    for mode in ("truncated", "argc", "nfds", "nofds", "header"):
+        assert answers[mode] in ("closed", "miss") or answers[mode].startswith("refused"), (
+            mode,
+            stdout,
+        )
+    # one record per execution: 2 + the two exact claims + the last touch, 3 of them standing
+    assert escalations(log, f"touch {out}/t") == [False, True, True, True, True], log

@@ -62,7 +62,7 @@ def _answer(sock: socket.socket) -> str:
 def _fields(token: bytes, path: str, argv: list[str]) -> list[bytes]:
     env = [f"{k}={v}".encode() for k, v in os.environ.items()]
     fields = [b"EG1", b"standing", token, path.encode(), str(len(argv)).encode()]
-    return fields + [*map(os.fsencode, argv), b"3", b"0", b"1", b"2", str(len(env)).encode(), *env]
+    return [*fields, *map(os.fsencode, argv), b"3", b"0", b"1", b"2", str(len(env)).encode(), *env]
 
 
 def claim(mode: str, token: bytes, path: str, argv: list[str]) -> str:

@@ -40,7 +40,7 @@ def test_a_standing_git_never_starts_in_a_repository_planted_after_the_judgement
     place: tuple[Any, Path],
 ) -> None:
     user, base = place
-    ws, out = folders(base)
+    _, out = folders(base)
     witness = out / "PWNED"  # only a git outside the sandbox can make it
     tpl = _template_repository(base, witness)
     rules = 'prefix_rule(["git", "status"], "allow")\n'
@@ -96,3 +96,29 @@ touch {out}/t && echo alive
         )
     # one record per execution: 2 + the two exact claims + the last touch, 3 of them standing
     assert escalations(log, f"touch {out}/t") == [False, True, True, True, True], log
+
+
+def test_an_escalated_program_takes_no_code_from_the_callers_option_variables(
+    place: tuple[Any, Path],
+) -> None:
+    """`TAR_OPTIONS` is read by tar as if it were on its command line: a narrow rule that
+    escalates one exact `tar` command would otherwise run whatever the sandbox names in
+    `--checkpoint-action=exec=` outside the sandbox (and its repeat as a standing claim)."""
+    user, base = place
+    ws, out = folders(base)
+    (ws / "data").write_text("d\n")
+    witness = out / "PWNED"
+    (ws / "evil").write_text(f"#!/bin/sh\ntouch {witness}\n")
+    (ws / "evil").chmod(0o755)
+    rules = f'prefix_rule(["tar", "-cf", "{out}/b.tar", "data"], "allow")\n'
+    evil = f"--checkpoint=1 --checkpoint-action=exec={ws}/evil"
+    script = f"""
+tar -cf {out}/b.tar data; tar -cf {out}/b.tar data
+TAR_OPTIONS={shlex.quote(evil)} tar -cf {out}/b.tar data
+echo alive
+"""
+    stdout, stderr, log = run_session(user, base, rules, script)
+    assert "alive" in stdout, (stdout, stderr)
+    assert escalations(log, f"tar -cf {out}/b.tar data") == [False, True, True], log
+    assert (out / "b.tar").exists()
+    assert not witness.exists(), (stdout, stderr, log)

@@ -7,18 +7,28 @@ server's look (the server's check at the judgement is gone from that path: only 
 own look at the claim stands between a planted `core.fsmonitor` and code outside the sandbox);
 and a claimer that is gone, a descriptor that is not the stand-in, and malformed frames are
 misses or closed connections that leave the launcher serving.
+
+The escalated environment (docs/policy.md), which standing claims share with tickets: variables
+that a program reads as command-line options or as its package source must not come from the
+caller, or a narrow rule's fixed arguments do not hold (`TAR_OPTIONS`, `PIP_*`).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import os
 import shlex
 import subprocess
 import sys
+import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
-from .test_standing_claims import escalations, folders, run_session
+from .conftest import give_to
+from .test_standing_claims import MODE, escalations, folders, run_session
 
 CLAIMER = Path(__file__).with_name("redteam_claim.py")
 
@@ -122,3 +132,61 @@ echo alive
     assert escalations(log, f"tar -cf {out}/b.tar data") == [False, True, True], log
     assert (out / "b.tar").exists()
     assert not witness.exists(), (stdout, stderr, log)
+
+
+def _wheel(folder: Path, name: str, version: str, code: bytes) -> None:
+    """A wheel of ``name`` ``version`` whose package is ``code``."""
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": code,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = [
+        f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}"
+        for n, d in files.items()
+    ]
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,", ""]).encode()
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as z:
+        for n, d in files.items():
+            z.writestr(n, d)
+
+
+def test_an_escalated_pip_takes_no_package_source_from_its_caller(
+    place: tuple[Any, Path],
+) -> None:
+    """A narrow rule escalates one exact `pip install` (a name, a version, a target): with the
+    caller's `PIP_NO_INDEX`/`PIP_FIND_LINKS` it would install, outside the sandbox, a package
+    of that name and version the sandbox wrote itself (a wheel in the workspace)."""
+    user, base = place
+    ws, out = folders(base)
+    (ws / "pkgs").mkdir()
+    _wheel(ws / "pkgs", "rtpkg", "1.0", b"PWNED = True\n")
+    (base / "empty").mkdir()  # the session's own (offline) package source: nothing there
+    python = os.path.realpath(sys.executable)
+    pip = [python, "-m", "pip", "install", "-q", "--no-cache-dir", "--no-deps", "--target",
+           f"{out}/lib", "rtpkg==1.0"]  # fmt: skip
+    rules = f'prefix_rule({json.dumps(pip)}, "allow")\n'
+    (base / "r.rules").write_text(rules)
+    give_to(base, user)
+    time.sleep(1.05)
+    script = f"""
+PIP_NO_INDEX=1 PIP_FIND_LINKS={ws}/pkgs {shlex.join(pip)}
+echo alive
+"""
+    cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(base / "r.rules"), *MODE,
+           "--", "bash", "-c", script]  # fmt: skip
+    path = f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
+    env = {"EXECGATE_HOME": str(base / "home"), "PATH": path, "LANG": "C.UTF-8",
+           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(base / "empty")}  # fmt: skip
+    if user is None:
+        r = subprocess.run(cmd, cwd=ws, env={**os.environ, **env}, capture_output=True,
+                           timeout=180)  # fmt: skip
+    else:
+        r = user.run(cmd, cwd=ws, env=env, timeout=180)
+    stdout, stderr = r.stdout.decode(), r.stderr.decode()
+    log = (base / "home" / "log" / "escalations.log").read_text().splitlines()
+    assert "alive" in stdout, (stdout, stderr)
+    assert len([line for line in log if "escalated " in line and "-m pip install" in line]) == 1
+
+    assert not (out / "lib" / "rtpkg").exists(), (stdout, stderr, log)

@@ -32,6 +32,8 @@ BUILT_IN: tuple[str, ...] = (
     # options read as if given on the command line (tar's --checkpoint-action=exec=, rsync's
     # and cvs's remote shell, go's -toolexec): a rule's fixed arguments would not hold
     "TAR_OPTIONS", "RSYNC_RSH", "RSYNC_CONNECT_PROG", "CVS_RSH", "GOFLAGS",
+    # where package installers take packages from (an index, a folder of the sandbox's wheels)
+    "PIP_*", "UV_*",
     # shells
     "BASH_ENV", "ENV", "BASH_FUNC_*", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND",
     "ZDOTDIR",

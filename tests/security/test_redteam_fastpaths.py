@@ -190,3 +190,30 @@ echo alive
     assert len([line for line in log if "escalated " in line and "-m pip install" in line]) == 1
 
     assert not (out / "lib" / "rtpkg").exists(), (stdout, stderr, log)
+
+
+def test_an_escalated_program_finds_no_program_of_the_sandbox_on_the_callers_path(
+    place: tuple[Any, Path],
+) -> None:
+    """`tar -z` starts `gzip` by name: with the caller's `PATH` it would find the sandbox's own
+    `gzip` first, and that child, named by no rule, runs where its escalated parent runs:
+    outside the sandbox (also for the standing claim that repeats the escalation)."""
+    user, base = place
+    ws, out = folders(base)
+    (ws / "data").write_text("d\n")
+    (ws / "bin").mkdir()
+    witness = out / "PWNED"
+    (ws / "bin" / "gzip").write_text(f"#!/bin/sh\ntouch {witness}\ncat\n")
+    (ws / "bin" / "gzip").chmod(0o755)
+    command = f"tar -czf {out}/b.tgz data"
+    rules = f'prefix_rule({json.dumps(command.split())}, "allow")\n'
+    script = f"""
+{command}; {command}
+PATH={ws}/bin:$PATH {command}; echo rc=$?
+echo alive
+"""
+    stdout, stderr, log = run_session(user, base, rules, script)
+    assert "alive" in stdout, (stdout, stderr)
+    assert escalations(log, command) == [False, True, True], log
+    assert "rc=0" in stdout, (stdout, stderr)  # the session's own gzip did the work
+    assert not witness.exists(), (stdout, stderr, log)

@@ -21,6 +21,9 @@ BUILT_IN: tuple[str, ...] = (
     "LD_*", "GLIBC_TUNABLES", "GCONV_PATH", "HOSTALIASES", "LOCPATH", "NLSPATH",
     # where every program finds its configuration
     "HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS",
+    # where it finds the programs it starts by name: a rule names none of the sandbox's own, so
+    # they would run unconfined, as the escalated program does (tar -z's gzip)
+    "PATH",
     # git
     "GIT_CONFIG*", "GIT_EXTERNAL_DIFF", "GIT_DIFF_OPTS", "GIT_SSH*", "GIT_EXEC_PATH",
     "GIT_ASKPASS", "GIT_PAGER", "GIT_EDITOR", "GIT_SEQUENCE_EDITOR", "GIT_TEMPLATE_DIR",

@@ -27,6 +27,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from .conftest import give_to
 from .test_standing_claims import MODE, escalations, folders, run_session
 
@@ -134,6 +136,27 @@ echo alive
     assert not witness.exists(), (stdout, stderr, log)
 
 
+def _run_with(
+    user: Any, base: Path, rules: str, script: str, own: dict[str, str]
+) -> tuple[str, str, list[str]]:
+    """run_session with ``own`` added to the session's own environment (the user's)."""
+    (base / "r.rules").write_text(rules)
+    give_to(base, user)
+    time.sleep(1.05)  # the files made for the test are a second old: standing may be offered
+    cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(base / "r.rules"), *MODE,
+           "--", "bash", "-c", script]  # fmt: skip
+    path = f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
+    env = {"EXECGATE_HOME": str(base / "home"), "PATH": path, "LANG": "C.UTF-8", **own}
+    if user is None:
+        r = subprocess.run(cmd, cwd=base / "ws", env={**os.environ, **env}, capture_output=True,
+                           timeout=180)  # fmt: skip
+    else:
+        r = user.run(cmd, cwd=base / "ws", env=env, timeout=180)
+    log = base / "home" / "log" / "escalations.log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return r.stdout.decode(), r.stderr.decode(), lines
+
+
 def _wheel(folder: Path, name: str, version: str, code: bytes) -> None:
     """A wheel of ``name`` ``version`` whose package is ``code``."""
     info = f"{name}-{version}.dist-info"
@@ -167,28 +190,14 @@ def test_an_escalated_pip_takes_no_package_source_from_its_caller(
     pip = [python, "-m", "pip", "install", "-q", "--no-cache-dir", "--no-deps", "--target",
            f"{out}/lib", "rtpkg==1.0"]  # fmt: skip
     rules = f'prefix_rule({json.dumps(pip)}, "allow")\n'
-    (base / "r.rules").write_text(rules)
-    give_to(base, user)
-    time.sleep(1.05)
     script = f"""
 PIP_NO_INDEX=1 PIP_FIND_LINKS={ws}/pkgs {shlex.join(pip)}
 echo alive
 """
-    cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(base / "r.rules"), *MODE,
-           "--", "bash", "-c", script]  # fmt: skip
-    path = f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
-    env = {"EXECGATE_HOME": str(base / "home"), "PATH": path, "LANG": "C.UTF-8",
-           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(base / "empty")}  # fmt: skip
-    if user is None:
-        r = subprocess.run(cmd, cwd=ws, env={**os.environ, **env}, capture_output=True,
-                           timeout=180)  # fmt: skip
-    else:
-        r = user.run(cmd, cwd=ws, env=env, timeout=180)
-    stdout, stderr = r.stdout.decode(), r.stderr.decode()
-    log = (base / "home" / "log" / "escalations.log").read_text().splitlines()
+    own = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(base / "empty")}
+    stdout, stderr, log = _run_with(user, base, rules, script, own)
     assert "alive" in stdout, (stdout, stderr)
     assert len([line for line in log if "escalated " in line and "-m pip install" in line]) == 1
-
     assert not (out / "lib" / "rtpkg").exists(), (stdout, stderr, log)
 
 
@@ -216,4 +225,41 @@ echo alive
     assert "alive" in stdout, (stdout, stderr)
     assert escalations(log, command) == [False, True, True], log
     assert "rc=0" in stdout, (stdout, stderr)  # the session's own gzip did the work
+    assert not witness.exists(), (stdout, stderr, log)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="An escalated program runs outside the sandbox, and so do its own execs that no rule "
+    "names (an escalated token's `escalate` is answered `run`, protocol §3): whatever file the "
+    "sandbox wrote, once an escalated program starts it, runs unconfined. Cleaning the caller's "
+    "PATH (cleanenv.py) closes the easy way in, but not a folder the sandbox can write on the "
+    "session's own PATH (a project's `.venv/bin` or `node_modules/.bin` when the user's shell "
+    "has it first; a writable root's `bin`), nor config in a writable working directory. The "
+    "fix belongs in the server's judgement of escalated tokens: an exec asked with the "
+    "escalated token of a file on a mount the sandbox can write (through the session's "
+    "sandbox view, as gate/gitrepo.py looks) must run confined (authorize-confined) or be "
+    "denied, not run in place; standing claims inherit it from the same judgement.",
+)
+def test_an_escalated_programs_child_written_by_the_sandbox_does_not_run_outside(
+    place: tuple[Any, Path],
+) -> None:
+    user, base = place
+    ws, out = folders(base)
+    (ws / "data").write_text("d\n")
+    (ws / "bin").mkdir()
+    witness = out / "PWNED"
+    (ws / "bin" / "cat").write_text("#!/bin/sh\n")  # the session's PATH has ws/bin first
+    (ws / "bin" / "cat").chmod(0o755)
+    command = f"tar -czf {out}/b.tgz data"
+    rules = f'prefix_rule({json.dumps(command.split())}, "allow")\n'
+    script = f"""
+printf '#!/bin/sh\\ntouch {witness}\\nexec /bin/cat\\n' > {ws}/bin/gzip && chmod +x {ws}/bin/gzip
+{command}; echo rc=$?
+echo alive
+"""
+    path = f"{ws}/bin:{os.path.dirname(sys.executable)}:/usr/bin:/bin"
+    stdout, stderr, log = _run_with(user, base, rules, script, {"PATH": path})
+    assert "alive" in stdout, (stdout, stderr)
+    assert escalations(log, command) == [False], log
     assert not witness.exists(), (stdout, stderr, log)

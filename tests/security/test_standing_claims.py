@@ -25,14 +25,16 @@ MODE = ["--sandbox", "workspace-write", "--exclude-tmp", "--exclude-tmpdir"]
 CLAIMER = Path(__file__).with_name("standing_claim.py")
 
 
-def run_session(user: Any, base: Path, rules: str, script: str) -> tuple[str, str, list[str]]:
+def run_session(
+    user: Any, base: Path, rules: str, script: str, options: tuple[str, ...] = ()
+) -> tuple[str, str, list[str]]:
     """Run ``bash -c script`` in a session with ``rules`` from ``base/ws``; (stdout, stderr,
     the escalations log's lines)."""
     (base / "r.rules").write_text(rules)
     give_to(base, user)
     time.sleep(1.05)  # the files made for the test are a second old: standing may be offered
     cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(base / "r.rules"), *MODE,
-           "--", "bash", "-c", script]  # fmt: skip
+           *options, "--", "bash", "-c", script]  # fmt: skip
     path = f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
     env = {"EXECGATE_HOME": str(base / "home"), "PATH": path, "LANG": "C.UTF-8"}
     if user is None:
@@ -170,3 +172,23 @@ def test_standing_claims_and_authorizations_are_bounded(place: tuple[Any, Path])
     assert escalations(log, f"touch {out}/f1") == [False, True, False], log
     assert escalations(log, f"touch {out}/f80") == [False, True, True], log
     assert len([line for line in log if "escalated touch" in line]) == 162, log
+
+
+def test_an_interpreter_is_never_standing_a_skill_script_still_asks(
+    place: tuple[Any, Path],
+) -> None:
+    user, base = place
+    ws, _ = folders(base)
+    scripts = base / "home" / "skills" / "demo" / "scripts"
+    scripts.mkdir(parents=True)
+    (scripts / "tool.sh").write_text("echo skill ran\n")
+    (ws / "tool.sh").write_text("echo plain ran\n")
+    # `sh tool.sh` is escalated twice; then tool.sh becomes a link to a skill script (nothing
+    # watches the workspace): the server looks for skill scripts on every exec, and asks.
+    script = f"sh tool.sh; sh tool.sh; ln -sf {scripts}/tool.sh tool.sh; sh tool.sh; echo s=$?"
+    rules = 'prefix_rule(["sh"], "allow")\n'
+    stdout, stderr, log = run_session(user, base, rules, script, ("--on-prompt", "deny"))
+    assert stdout.count("plain ran") == 2, (stdout, stderr)
+    assert "skill ran" not in stdout and "s=0" not in stdout, (stdout, stderr)
+    assert "skill script" in stderr, stderr
+    assert escalations(log, "sh tool.sh") == [False, False], log

@@ -11,7 +11,8 @@ still has one record per escalation.
 
 Offered only for what nothing but those facts decides: a program (no ``#!`` chain, not the
 loader) that does not leave the gate, escalated by a kept action (an ``allow`` rule naming it
-by a bare name: no human, no approval, no skill script), asked with the session's own token
+by a bare name: no human, no approval, no skill script; not an interpreter that could be given
+a skill script), asked with the session's own token
 from inside the sandbox through the stand-in that covers it there (docs/protocol.md §5: the
 claimer's descriptor must be that stand-in, which no sandboxed process can forge), whose file
 had not changed for a second when the server looked at it (so any later change moves its
@@ -31,6 +32,7 @@ from execgate.gate.identity import ExecFile, FileId
 from execgate.gate.launcher import Launcher, LauncherError
 from execgate.gate.program import GatedExec
 from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError, encode_standing
+from execgate.gate.skills import INTERPRETERS, interpreter_name
 
 #: The ``via`` of a standing claim's record (the decision log, the escalations log).
 STANDING_VIA = "standing"
@@ -42,6 +44,15 @@ MAX_FRAME = 64 << 10
 LOGGED = 256
 #: A file whose ctime is younger than this may still change within the same clock tick.
 _SETTLED_NS = 1_000_000_000
+
+
+def _may_run_a_script(exec_: GatedExec) -> bool:
+    """Whether ``exec_`` is an interpreter that may be given a script (``bash tool.sh``): the
+    server looks for skill scripts among them on every exec (gate/skills.py), by a path that
+    depends on files nothing watches (a symlink ``tool.sh`` made in the workspace), so such
+    execs are never standing."""
+    names = (exec_.realpath, exec_.path, *exec_.argv[:1])
+    return any(interpreter_name(name) in INTERPRETERS for name in names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +97,7 @@ class Standing:
             or exec_.interpreters
             or exec_.runs_loader
             or exec_.leaves_gate is not None
+            or _may_run_a_script(exec_)
             or not exec_.realpath
             or not exec_.path.startswith("/")
             or not exec_.cwd.startswith("/")

@@ -68,8 +68,9 @@ OPENING_VARIABLES = (
 )
 
 #: The launcher options a front fills in per session (``launch-session NAME``: the session
-#: folder's NAME, ``.`` the folder itself; ``launch-carveouts``: the protected names that exist when it starts, as
-#: ``--known-carveouts`` wants them, sandbox/spec.py's ``existing_carveouts``).
+#: folder's NAME, ``.`` the folder itself; ``launch-carveouts``: the protected names that
+#: exist when it starts, as ``--known-carveouts`` wants them, sandbox/spec.py's
+#: ``existing_carveouts``).
 SESSION_PLACEHOLDER = "launch-session"
 CARVEOUTS_PLACEHOLDER = "launch-carveouts"
 

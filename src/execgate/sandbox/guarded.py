@@ -43,6 +43,10 @@ CONSOLE_SCRIPT = "execgate"
 def _console_scripts() -> list[Path]:
     """Where the ``execgate`` command lives: this process's own script, the one on ``PATH``
     and the ones pip installs (prefix and user scheme)."""
+    return [p for p in _console_script_candidates() if os.path.lexists(p)]
+
+
+def _console_script_candidates() -> list[Path]:
     found: list[str] = []
     if os.path.basename(sys.argv[0] or "") == CONSOLE_SCRIPT:
         found.append(os.path.abspath(sys.argv[0]))
@@ -54,7 +58,7 @@ def _console_scripts() -> list[Path]:
             found.append(os.path.join(sysconfig.get_path("scripts", scheme), CONSOLE_SCRIPT))
         except KeyError:
             continue
-    return [Path(p) for p in found if os.path.lexists(p)]
+    return [Path(p) for p in found]
 
 
 @functools.cache
@@ -205,7 +209,8 @@ def guard_inputs(spec: SandboxSpec) -> list[Path]:
     tmpdir = os.environ.get("TMPDIR")
     if tmpdir and os.path.isabs(tmpdir):
         found.append(Path(tmpdir))
-    found += [*installation_paths(), *_user_site(), *paths.state_paths(), paths.control_dir()]
+    found += [*installation_paths(), *_console_script_candidates(), *_user_site()]
+    found += [*paths.state_paths(), paths.control_dir()]
     found += [*trusted_project_folders(), *paths.record_files(), *paths.shared_session_folders()]
     found += [Path(p) for p in _multiplexer_candidates()]
     return found

@@ -216,16 +216,16 @@ static int split(char *line, char **f, int max)
 }
 
 /* A sandboxed plan's lines (gate/runplan.py): `launch-session NAME` (the launcher option
- * <session folder>/NAME; `.`: the folder), `launch-carveouts` (the known carve-outs, found at start) and
- * `standin PROGRAM`. 1 taken, 0 malformed, -1 not one of them. */
+ * <session folder>/NAME; `.`: the folder), `launch-carveouts` (the known carve-outs, found
+ * at start), `standin PROGRAM` and `dir PATH DEV INO` (lstat: a folder of this identity).
+ * 1 taken or holds, 0 malformed or stale, -1 not one of them. */
 static int sandbox_line(struct plan *p, const char *kind, char **f, int n)
 {
     int session = !strcmp(kind, "launch-session"), carve = !strcmp(kind, "launch-carveouts");
     if (session || carve) {
         char *value = session && n == 2 ? decode(f[1]) : NULL;
         if ((session && (!value || !*value || strchr(value, '/') || !strcmp(value, ".."))) ||
-            (carve && n != 1) ||
-            p->nlaunch_opts >= MAX_LIST)
+            (carve && n != 1) || p->nlaunch_opts >= MAX_LIST)
             return 0;
         p->launch_kind[p->nlaunch_opts] = session ? LAUNCH_SESSION : LAUNCH_CARVEOUTS;
         p->launch_opts[p->nlaunch_opts++] = value;
@@ -316,8 +316,7 @@ static int check_line(struct plan *p, char *line, const char *cwd, char **opts, 
     else if (!strcmp(kind, "launch") && value && p->nlaunch_opts < MAX_LIST) {
         p->launch_kind[p->nlaunch_opts] = LAUNCH_WORD;
         p->launch_opts[p->nlaunch_opts++] = value;
-    }
-    else if (!strcmp(kind, "snapshot") && n == 2) {
+    } else if (!strcmp(kind, "snapshot") && n == 2) {
         size_t len = strlen(f[1]);
         if (len % 2)
             return 0;
@@ -658,25 +657,22 @@ static int make_standins(const struct plan *p)
     for (int i = 0; i < p->nstandins; i++)
         cap += strlen(g_dir) + 32 + strlen(p->standins[i]);
     char *table = malloc(cap), *line = malloc(wlen + 16);
-    if (!table || !line)
-        return -1;
-    int llen = snprintf(line, wlen + 16, "#!%s --shadow\n", p->wrapper);
+    int r = table && line ? 0 : -1;
+    int llen = line ? snprintf(line, wlen + 16, "#!%s --shadow\n", p->wrapper) : 0;
     size_t len = 0;
-    for (int i = 0; i < p->nstandins; i++) {
+    for (int i = 0; i < p->nstandins && r == 0; i++) {
         int n = snprintf(table + len, cap - len, "%s/standins/%d", g_dir, i);
         int fd = open(table + len, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0555);
-        if (fd < 0)
-            return -1;
-        int r = eg_write_all(fd, line, (size_t)llen);
-        close(fd);
-        if (r < 0)
-            return -1;
+        r = fd < 0 ? -1 : eg_write_all(fd, line, (size_t)llen) < 0 ? -1 : 0;
+        if (fd >= 0)
+            close(fd);
         len += (size_t)n + 1; /* its NUL, then the program's path and NUL */
         size_t plen = strlen(p->standins[i]) + 1;
         memcpy(table + len, p->standins[i], plen);
         len += plen;
     }
-    int r = write_file("standins.table", table, len, 0444);
+    if (r == 0)
+        r = write_file("standins.table", table, len, 0444);
     free(table);
     free(line);
     return r;

@@ -426,19 +426,28 @@ def test_a_sandboxed_plan_goes_stale_with_what_its_sandbox_was_made_from(
     warm_ww: World, tmp_path: Path
 ) -> None:
     """What the sandbox is made from changed since the plan: the temporary folder (a
-    writable root), a configured writable root, a `.git` made in the work folder. The slow
+    writable root), a configured writable root, the link it is configured as, retargeted, a
+    `.git` made in the work folder. The slow
     path starts the run, with the sandbox as it is now; the next run is fast again."""
     tmpdir = tmp_path / "tmpdir"
     tmpdir.mkdir()
     config = warm_ww.execgate_home / "config.toml"
-    extra = tmp_path / "extra"
+    extra, other, link = tmp_path / "extra", tmp_path / "other", tmp_path / "link"
     extra.mkdir()
+    other.mkdir()
+    link.symlink_to(extra)
     probe = f"touch {tmpdir}/w && echo tmpdir; touch {extra}/w && echo extra; "
-    probe += "touch .git/x && echo git-writable; true"
+    probe += f"touch {other}/w && echo other; touch .git/x && echo git-writable; true"
+
+    def retarget() -> None:
+        link.unlink()
+        link.symlink_to(other)
+
     changes = [
         ("TMPDIR", {"TMPDIR": str(tmpdir)}, lambda: None, "tmpdir"),
-        ("config", {}, lambda: config.write_text(f'[sandbox]\nwritable_roots = ["{extra}"]\n'),
+        ("config", {}, lambda: config.write_text(f'[sandbox]\nwritable_roots = ["{link}"]\n'),
          "extra"),
+        ("configured link", {}, retarget, "other"),
         (".git", {}, lambda: (warm_ww.work / ".git").mkdir(), None),
     ]  # fmt: skip
     env: dict[str, str] = {}

@@ -459,7 +459,11 @@ def _write_plan(
             else [],
             session_dir=session.dir,
             standins=session.standins.programs if session.standins else (),
-            folders=guard_inputs(sandbox) if sandbox is not None else (),
+            folders=[
+                *(guard_inputs(sandbox) if sandbox is not None else []),
+                # as configured: a link among them may be retargeted (the spec has their ends)
+                *(Path(os.path.expanduser(root)) for root in config.sandbox.writable_roots),
+            ],
         )
         if fresh_snapshot() != snapshot:
             raise runplan.Unplannable("the policy changed while the plan was made")

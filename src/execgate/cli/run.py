@@ -334,7 +334,10 @@ def _differs_from_plan(
         return "the policy fails closed"
     if session.sandbox_text != plan.sandbox:
         return "the sandbox differs"
-    spec = session.confinement()
+    try:
+        spec = session.confinement()
+    except ExecgateError as exc:  # (a writable root in a state folder, …: refused now)
+        return str(exc)
     session.launcher.sandbox = spec
     launch = spec.launcher_args() if spec else []
     carveouts = launch[launch.index("--known-carveouts") + 1] if spec and spec.confines else ""

@@ -13,6 +13,9 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
+# setuptools has no build_scripts of its own: distutils' (setuptools' copy, imported above)
+from distutils.command.build_scripts import build_scripts  # noqa: E402
+
 try:
     from setuptools.command.bdist_wheel import bdist_wheel
 except ImportError:  # setuptools < 70.1: the wheel package's
@@ -41,6 +44,20 @@ class BuildNative(build_ext):
         return list(getattr(self, "_outputs", []))
 
 
+class BuildEntry(build_scripts):
+    """The ``execgate`` command is a native program (native/entry.c, docs/protocol.md §8),
+    installed as the distribution's one script, beside the console script ``execgate-py``:
+    by ``pip install`` (also ``--user``, pipx) and ``pip install -e`` alike. ``scripts``
+    below names its source only so that the scripts are built and installed at all."""
+
+    def run(self) -> None:
+        entry = _native_build().build_entry(Path(self.build_dir), force=True)
+        self._outputs = [str(entry)]
+
+    def get_outputs(self) -> list[str]:
+        return list(getattr(self, "_outputs", []))
+
+
 class PlatformWheel(bdist_wheel):  # type: ignore[misc]
     """Tag the wheel ``py3-none-<platform>``: it holds programs for this platform and pure
     Python for any Python 3, and no module built against a Python ABI."""
@@ -52,5 +69,6 @@ class PlatformWheel(bdist_wheel):  # type: ignore[misc]
 
 setup(
     ext_modules=[Extension("execgate._bin.placeholder", sources=[])],
-    cmdclass={"build_ext": BuildNative, "bdist_wheel": PlatformWheel},
+    scripts=["native/entry.c"],
+    cmdclass={"build_ext": BuildNative, "build_scripts": BuildEntry, "bdist_wheel": PlatformWheel},
 )

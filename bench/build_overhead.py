@@ -58,6 +58,13 @@ def write_project(root: Path) -> None:
     )
 
 
+def execgate_command() -> list[str]:
+    """``execgate`` as a user runs it: the installed command beside this Python (native,
+    native/entry.c), or ``python -m execgate`` where none is installed."""
+    entry = Path(sys.executable).parent / "execgate"
+    return [str(entry)] if entry.is_file() else [sys.executable, "-m", "execgate"]
+
+
 def isolated_env(root: Path) -> dict[str, str]:
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -102,8 +109,7 @@ def measure(modes: list[str], rounds: int, jobs: int) -> dict[str, list[float]]:
         rules = root / "bench.rules"
         rules.write_text(RULES)
         gates = {
-            mode: [sys.executable, "-m", "execgate", "run", "--rules", str(rules),
-                   "--sandbox", mode, "--"]
+            mode: [*execgate_command(), "run", "--rules", str(rules), "--sandbox", mode, "--"]
             for mode in modes
         }  # fmt: skip
         build(project, env, [], jobs)  # warm the page cache and the compiler

@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from build_overhead import execgate_command  # a sibling script (bench/ is sys.path[0])
+
 REFERENCE = "@openai/codex-shell-tool-mcp@0.97.0"
 REFERENCE_SANDBOX = "@openai/codex@0.97.0"
 ARCH = "x86_64-unknown-linux-musl"
@@ -384,7 +386,7 @@ async def per_exec(
 
 def run_start_to_exit(place: Place, rounds: int, rules: Path) -> tuple[float, float]:
     """Median seconds of ``execgate run -- bash -c true`` and of plain ``bash -c true``."""
-    gated = [sys.executable, "-m", "execgate", "run", "--rules", str(rules)]
+    gated = [*execgate_command(), "run", "--rules", str(rules)]
     gated += ["--", "bash", "-c", "true"]
     plain = ["bash", "-c", "true"]
     samples: dict[str, list[float]] = {"gated": [], "plain": []}

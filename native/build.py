@@ -20,6 +20,10 @@ from pathlib import Path
 
 NATIVE = Path(__file__).resolve().parent
 
+# The native front of `execgate run` (docs/protocol.md §8): the interposer's snapshot check, the
+# decision log's chain.
+FRONT = ["front.c", "chain.c", "sha256.c", "gate.c", "claim.c", "tree.c", "common.c"]
+
 # target -> (sources, extra flags). Headers in native/ are dependencies of every target.
 TARGETS: dict[str, tuple[list[str], list[str]]] = {
     # loaded by every program a gated process starts: bound lazily (no -z now: the exec path
@@ -35,9 +39,15 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
         ["launch.c", "gitrepo.c", "sandbox.c", "netns.c", "tree.c", "common.c"],
         [],
     ),
-    # the native front of `execgate run` (docs/protocol.md §8): the interposer's snapshot check
-    "execgate-run": (["front.c", "gate.c", "claim.c", "tree.c", "common.c"], []),
+    # the native front for `python -m execgate run`
+    "execgate-run": (["run_main.c", *FRONT], []),
 }
+
+#: The installed ``execgate`` command (native/entry.c): the front for ``execgate run``, the
+#: console script ``execgate-py`` for everything else. Built by setup.py's build_scripts, not
+#: into ``_bin`` (a script of the distribution, installed beside ``execgate-py``).
+ENTRY = "execgate"
+ENTRY_SOURCES = ["entry.c", *FRONT]
 
 #: Written next to the binaries: each one's SHA-256, checked whenever a session opens
 #: (``execgate.native.verified_native``), so a replaced file is refused, not loaded.
@@ -62,24 +72,34 @@ def build(out_dir: Path, *, force: bool = False) -> list[Path]:
     """Build every target into ``out_dir``; return the paths of the built files."""
     out_dir.mkdir(parents=True, exist_ok=True)
     outputs = []
-    extra = shlex.split(os.environ.get("CFLAGS", ""))
     for name, (srcs, flags) in TARGETS.items():
-        sources = [NATIVE / s for s in srcs]
-        output = out_dir / name
-        outputs.append(output)
-        if not force and not _stale(output, sources):
-            continue
-        tmp = output.with_name(output.name + ".tmp")
-        cmd = [*_compiler(), *CFLAGS, *extra, *flags, "-o", str(tmp), *map(str, sources)]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            sys.stderr.write(result.stderr)
-            raise SystemExit(f"native build failed: {shlex.join(cmd)}")
-        if result.stderr:
-            sys.stderr.write(result.stderr)
-        tmp.replace(output)  # atomic: a running test never sees a half-written binary
+        outputs.append(compile_program(out_dir / name, srcs, flags, force=force))
     outputs.append(write_manifest(out_dir, outputs))
     return outputs
+
+
+def build_entry(out_dir: Path, *, force: bool = False) -> Path:
+    """Build the ``execgate`` command into ``out_dir``; its path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return compile_program(out_dir / ENTRY, ENTRY_SOURCES, [], force=force)
+
+
+def compile_program(output: Path, srcs: list[str], flags: list[str], *, force: bool) -> Path:
+    """Compile ``srcs`` (in native/) into ``output``, unless it is newer than them."""
+    sources = [NATIVE / s for s in srcs]
+    if not force and not _stale(output, sources):
+        return output
+    extra = shlex.split(os.environ.get("CFLAGS", ""))
+    tmp = output.with_name(output.name + ".tmp")
+    cmd = [*_compiler(), *CFLAGS, *extra, *flags, "-o", str(tmp), *map(str, sources)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.stderr.write(result.stderr)
+        raise SystemExit(f"native build failed: {shlex.join(cmd)}")
+    if result.stderr:
+        sys.stderr.write(result.stderr)
+    tmp.replace(output)  # atomic: a running test never sees a half-written binary
+    return output
 
 
 def write_manifest(out_dir: Path, files: list[Path]) -> Path:

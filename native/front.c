@@ -1,15 +1,14 @@
-/* execgate-run: the native front of `execgate run` (docs/protocol.md §8, docs/architecture.md
- * "Start-up").
+/* The native front of `execgate run` (docs/protocol.md §8, docs/architecture.md "Start-up"),
+ * eg_front() in front.h: the installed `execgate` command (entry.c) and `execgate-run PYTHON
+ * [RUN ARGUMENTS...]` (run_main.c, which `python -m execgate run` execs) run it.
  *
- *   execgate-run PYTHON [RUN ARGUMENTS...]
- *
- * The `execgate` console script execs this for `execgate run` before it imports anything
- * heavy. It opens the session the slow path (the Python `execgate run`) would open, from the
+ * It opens the session the slow path (the Python `execgate run`) would open, from the
  * start-up plan that slow path wrote for the same user, working directory and options, once
  * every input the plan names is still what the slow path saw: the native front goes first, the
- * Python server catches up. Anything else goes to the slow path (`PYTHON -m execgate run
- * ARGUMENTS…`, unchanged): options this front does not handle, EXECGATE_FAST_START=0, a plan
- * that is missing, stale, unreadable, not the user's own 0600 regular file, and a first
+ * Python server catches up. Anything else goes to the slow path (the caller's Python command
+ * line with `run ARGUMENTS…`, unchanged): options this front does not handle,
+ * EXECGATE_FAST_START=0, a plan that is missing, stale, unreadable, not the user's own 0600
+ * regular file, a log that cannot take the first record, and a first
  * program the snapshot says must ask (exactly the interposer's check, gate.c).
  *
  * The session: a folder as gate/session.py's make_session_dir makes it (named after this
@@ -17,16 +16,19 @@
  * so execs wait in its backlog until the server is up), the claim socket, the tokens, the
  * snapshot (file and sealed memfd), then
  *   S  the Python server in adopt mode (execgate/adopt.py): it inherits the listening socket, the
- *      memfd, the control channel and the plan; its first act is the first exec's decision
- *      record (acknowledged on a pipe), then it loads config and policy as the slow path does
- *      and ends the session if what it computes differs from the plan;
+ *      memfd, the control channel and the plan; it loads config and policy as the slow path
+ *      does and ends the session if what it computes differs from the plan;
+ *   the first exec's decision record, which this front appends to the hash-chained log itself
+ *      (chain.c) while S starts: a log that cannot take it leaves the command to the slow path;
  *   L  the session launcher with `--status-fd`, to which this front writes the first `spawn`
  *      (the command, flags main,last, stdio 0/1/2) before handing the control channel to S.
- * When L has exited (the command and everything it left are gone), the front waits for S's
- * acknowledgement, stops S, removes the folder and exits as the command did.
+ * When L has exited (the command and everything it left are gone), the front stops S, removes
+ * the folder and exits as the command did.
  *
  * Single-threaded; not a library: errors before anything started fall back to the slow path.
  */
+#include "front.h"
+#include "chain.h"
 #include "common.h"
 #include "gate.h"
 #include "tree.h"
@@ -50,6 +52,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -59,6 +62,9 @@ extern char **environ;
 #define BACKLOG 4096
 #define MAIN_SPAWN_ID 1 /* the launcher's first spawn; the server numbers its own from 2 */
 #define MAX_LIST 4096
+/* The plan's first line: its version, which is the front's and its server's (execgate/adopt.py)
+ * (gate/runplan.py's MAGIC; part of the plan's name, so two versions never share a plan). */
+#define PLAN_MAGIC "EGPLAN 2"
 
 /* Python's bootstrap for S: sys.path from the plan, then the adopt module (execgate/adopt.py). */
 static const char BOOT[] =
@@ -76,7 +82,8 @@ static const char *const GATE_VARIABLES[] = {
 
 /* -- the slow path -------------------------------------------------------------------------- */
 
-static char *g_python;
+static char *const *g_slow; /* the slow path's command, before `run` */
+static int g_nslow;
 static char **g_run_args; /* the words after `execgate run` */
 static int g_run_argc;
 
@@ -84,21 +91,20 @@ static int g_run_argc;
 static void slow_path(void) __attribute__((noreturn));
 static void slow_path(void)
 {
-    char **argv = calloc((size_t)g_run_argc + 5, sizeof *argv);
+    char **argv = calloc((size_t)g_nslow + (size_t)g_run_argc + 2, sizeof *argv);
     if (!argv)
         _exit(70);
     int n = 0;
-    argv[n++] = g_python;
-    argv[n++] = "-m";
-    argv[n++] = "execgate";
+    for (int i = 0; i < g_nslow; i++)
+        argv[n++] = g_slow[i];
     argv[n++] = "run";
     for (int i = 0; i < g_run_argc; i++)
         argv[n++] = g_run_args[i];
     argv[n] = NULL;
     /* tells that `execgate` not to come back here (it removes the variable at once) */
     setenv("EXECGATE_FRONT_DECLINED", "1", 1);
-    execv(g_python, argv);
-    fprintf(stderr, "execgate: error: cannot run %s: %s\n", g_python, strerror(errno));
+    execv(argv[0], argv);
+    fprintf(stderr, "execgate: error: cannot run %s: %s\n", argv[0], strerror(errno));
     _exit(70);
 }
 
@@ -116,6 +122,10 @@ struct plan {
     int nstandins;
     unsigned char *snap;
     size_t snap_len;
+    /* the server's lines: the decision log (NULL: off) and the records' sandbox text */
+    char *log, *sandbox;
+    long long log_max_bytes, log_keep;
+    int has_log_line;
     int ended;
 };
 
@@ -249,17 +259,35 @@ static int sandbox_line(struct plan *p, const char *kind, char **f, int n)
     return -1;
 }
 
+/* `server log PATH MAX_BYTES KEEP`, `server nolog`, `server sandbox TEXT`; 1 or 0. */
+static int server_line(struct plan *p, char **f, int n)
+{
+    if (n == 1 && !strcmp(f[0], "nolog") && !p->has_log_line) {
+        p->has_log_line = 1;
+        return 1;
+    }
+    if (n == 4 && !strcmp(f[0], "log") && !p->has_log_line) {
+        p->has_log_line = 1;
+        p->log = decode(f[1]);
+        return p->log && p->log[0] == '/' && !parse_ll(f[2], &p->log_max_bytes) &&
+               !parse_ll(f[3], &p->log_keep) && p->log_keep >= 0 && p->log_keep < 1000000;
+    }
+    if (n == 2 && !strcmp(f[0], "sandbox") && !p->sandbox)
+        return (p->sandbox = decode(f[1])) != NULL;
+    return 0;
+}
+
 /* Check one plan line against what is true now; 1 holds, 0 stale or malformed. */
 static int check_line(struct plan *p, char *line, const char *cwd, char **opts, int nopts,
                       int *opt_seen)
 {
-    if (!strncmp(line, "server ", 7))
-        return 1; /* for the server (execgate/adopt.py): the decision log's place */
     char *f[8];
     int n = split(line, f, 8);
     if (n == 0)
         return 0;
     const char *kind = f[0];
+    if (!strcmp(kind, "server")) /* the first record's: where the log is, its sandbox text */
+        return server_line(p, f + 1, n - 1);
     if (!strcmp(kind, "file") && n == 7) {
         const char *path = decode(f[1]);
         return path && same_file(path, f + 2);
@@ -335,19 +363,20 @@ static int check_line(struct plan *p, char *line, const char *cwd, char **opts, 
     return 1;
 }
 
-/* The plan's file name: FNV-1a 64 of "UID\0CWD\0OPTION\0…" in hex (gate/runplan.py's
+/* The plan's file name: FNV-1a 64 of "MAGIC\0UID\0CWD\0OPTION\0…" in hex (gate/runplan.py's
  * plan_key; an index only: the plan's own lines are what is checked). */
 static void plan_name(char out[17], const char *cwd, char **opts, int nopts)
 {
     uint64_t h = 0xcbf29ce484222325ULL;
     char uid[24];
     size_t ulen = eg_fmt_long(uid, (long long)getuid());
-    const char *parts[MAX_LIST + 2];
-    size_t lens[MAX_LIST + 2];
+    const char *parts[MAX_LIST + 3];
+    size_t lens[MAX_LIST + 3];
     int np = 0;
+    parts[np] = PLAN_MAGIC, lens[np++] = sizeof PLAN_MAGIC - 1;
     parts[np] = uid, lens[np++] = ulen;
     parts[np] = cwd, lens[np++] = strlen(cwd);
-    for (int i = 0; i < nopts && np < MAX_LIST + 2; i++)
+    for (int i = 0; i < nopts && np < MAX_LIST + 3; i++)
         parts[np] = opts[i], lens[np++] = strlen(opts[i]);
     for (int k = 0; k < np; k++) {
         for (size_t i = 0; i < lens[k]; i++) {
@@ -393,7 +422,7 @@ static int load_plan(struct plan *p, const char *cwd, char **opts, int nopts)
         return -1;
     }
     text[st.st_size] = '\0';
-    if (strlen(text) != (size_t)st.st_size || strncmp(text, "EGPLAN 1\n", 9) != 0) {
+    if (strlen(text) != (size_t)st.st_size || strncmp(text, PLAN_MAGIC "\n", 9) != 0) {
         close(fd);
         return -1;
     }
@@ -406,7 +435,8 @@ static int load_plan(struct plan *p, const char *cwd, char **opts, int nopts)
         }
     }
     if (!p->ended || opt_seen != nopts || !p->python || !p->interposer || !p->wrapper ||
-        !p->launcher || !p->sessions || !p->snap || p->nsyspath == 0) {
+        !p->launcher || !p->sessions || !p->snap || p->nsyspath == 0 || !p->has_log_line ||
+        !p->sandbox) {
         close(fd);
         return -1;
     }
@@ -857,6 +887,62 @@ static void child_setup(const int *keep, int nkeep, int deathsig)
 
 static void fd_arg(char *out, int fd) { out[eg_fmt_long(out, fd)] = '\0'; }
 
+/* -- the first record ----------------------------------------------------------------------- */
+
+/* Whether Python decodes this process's bytes (argv, the working directory) as UTF-8, as the
+ * C record writer does: its filesystem encoding under a UTF-8 locale and (UTF-8 mode) under
+ * the C/POSIX one. */
+static int python_decodes_utf8(void)
+{
+    const char *names[] = {"LC_ALL", "LC_CTYPE", "LANG"};
+    for (int i = 0; i < 3; i++) {
+        const char *v = getenv(names[i]);
+        if (!v || !*v)
+            continue;
+        return !strcmp(v, "C") || !strcmp(v, "POSIX") || strcasestr(v, "utf-8") ||
+               strcasestr(v, "utf8");
+    }
+    return 1;
+}
+
+static int has_high_bytes(const char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s >= 0x80)
+            return 1;
+    return 0;
+}
+
+/* The first exec's decision record, appended to the plan's log before the command may run
+ * (no program runs without its record; the server starts in parallel and does not write it).
+ * 0, or -1 after saying nothing: the slow path, which says what is wrong with the log. */
+static int write_first_record(const struct plan *p, pid_t server, const char *session,
+                              const char *cwd, const char *program, char **cmd)
+{
+    if (!p->log)
+        return 0; /* [log] enabled = false */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    struct eg_first_record r = {
+        .time_us = (long long)now.tv_sec * 1000000 + (now.tv_nsec + 500) / 1000,
+        .session = session,
+        .cwd = cwd,
+        .program = program,
+        .sandbox = p->sandbox,
+        .pid = server,
+        .ppid = getpid(),
+        .argv = cmd,
+    };
+    struct eg_str body = {0};
+    eg_first_record_body(&body, &r);
+    char why[PATH_MAX + 128];
+    int ok = !body.failed &&
+             eg_chain_append(p->log, p->log_max_bytes, (int)p->log_keep, body.p, body.len, why,
+                             sizeof why) == 0;
+    eg_str_free(&body);
+    return ok ? 0 : -1;
+}
+
 /* -- main ----------------------------------------------------------------------------------- */
 
 /* Die of sig as the command did, or exit with its code (as `execgate run` does). */
@@ -876,13 +962,12 @@ static void exit_like(int status)
     _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }
 
-int main(int argc, char **argv)
+void eg_front(char *const *slow, int nslow, int nrun, char **run)
 {
-    if (argc < 2)
-        return 2;
-    g_python = argv[1];
-    g_run_args = argv + 2;
-    g_run_argc = argc - 2;
+    g_slow = slow;
+    g_nslow = nslow;
+    g_run_args = run;
+    g_run_argc = nrun;
     const char *fast = getenv("EXECGATE_FAST_START");
     if (fast && !strcmp(fast, "0"))
         slow_path();
@@ -917,6 +1002,14 @@ int main(int argc, char **argv)
                             sizeof real, &progfd) != 0 ||
         progfd < 0)
         slow_path(); /* it must ask (or cannot run): the server decides */
+    const char *recorded = real[0] ? real : program;
+    if (!python_decodes_utf8()) { /* the record's texts must decode as the server's would */
+        int high = has_high_bytes(cwd) || has_high_bytes(recorded);
+        for (int i = 0; i < ncmd && !high; i++)
+            high = has_high_bytes(cmd[i]);
+        if (high)
+            slow_path();
+    }
 
     /* The command's Ctrl-C and Ctrl-\ are its own; SIGTERM/SIGHUP end the session. */
     signal(SIGINT, SIG_IGN);
@@ -934,8 +1027,8 @@ int main(int argc, char **argv)
     int confined = plan_confines(&plan);
     char *carveouts = NULL; /* a sandboxed session's, found before anything of it runs */
     char token[33], escalated[33], session_id[17];
-    int gate = -1, claim = -1, snap_fd = -1, ctl[2] = {-1, -1}, ack[2] = {-1, -1},
-        status[2] = {-1, -1};
+    int gate = -1, claim = -1, snap_fd = -1, ctl[2] = {-1, -1}, status[2] = {-1, -1},
+        done[2] = {-1, -1};
     if (make_session_dir(plan.sessions) < 0 || random_hex(token, 16) < 0 ||
         random_hex(escalated, 16) < 0 || random_hex(session_id, 8) < 0 ||
         (gate = listen_at("gate.sock", BACKLOG)) < 0 ||
@@ -944,7 +1037,7 @@ int main(int argc, char **argv)
         (confined ? make_standins(&plan) < 0 || !(carveouts = known_carveouts(&plan))
                   : (snap_fd = sealed_snapshot(&plan)) < 0) ||
         socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ctl) < 0 ||
-        pipe2(ack, O_CLOEXEC) < 0 || pipe2(status, O_CLOEXEC) < 0) {
+        pipe2(status, O_CLOEXEC) < 0 || pipe2(done, O_CLOEXEC) < 0) {
         remove_session_dir();
         sigprocmask(SIG_UNBLOCK, &set, NULL);
         slow_path(); /* nothing has started: the slow path says what is wrong, if anything */
@@ -954,7 +1047,7 @@ int main(int argc, char **argv)
     pid_t self = getpid();
     pid_t server = fork();
     if (server == 0) {
-        int keep[] = {gate, snap_fd, ctl[0], ack[1], plan_fd};
+        int keep[] = {gate, snap_fd, ctl[0], plan_fd, done[1]};
         child_setup(keep, 5, SIGTERM);
         if (getppid() != self)
             _exit(1);
@@ -976,11 +1069,11 @@ int main(int argc, char **argv)
         for (int i = 0; i < plan.nsyspath; i++)
             args[n++] = plan.syspath[i];
         /* execgate/adopt.py's command line */
-        args[n++] = fds[4];
+        args[n++] = fds[3];
         args[n++] = fds[0];
         args[n++] = fds[1];
         args[n++] = fds[2];
-        args[n++] = fds[3];
+        args[n++] = fds[4];
         args[n++] = g_dir;
         args[n++] = token;
         args[n++] = escalated;
@@ -995,9 +1088,20 @@ int main(int argc, char **argv)
         execv(plan.python, args);
         _exit(127);
     }
-    if (server < 0) {
+    /* Nothing runs before its decision is recorded (the command could kill S at once): the
+     * record is ours to write, now. A log that cannot take it leaves the command to the slow
+     * path, which says why (nothing has started). */
+    if (server < 0 || write_first_record(&plan, server, session_id, cwd, recorded, cmd) < 0) {
+        if (server > 0) {
+            kill(server, SIGKILL);
+            while (waitpid(server, NULL, __WALL) < 0 && errno == EINTR)
+                ;
+        }
         remove_session_dir();
         sigprocmask(SIG_UNBLOCK, &set, NULL);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGQUIT, SIG_DFL);
+        prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
         slow_path();
     }
 
@@ -1039,31 +1143,9 @@ int main(int argc, char **argv)
     close(ctl[1]);
     close(claim);
     close(status[1]);
-    close(ack[1]);
+    close(done[1]);
     close(gate); /* S's alone: if S dies, every exec is denied ("the server is gone") */
     close(plan_fd);
-
-    /* Nothing runs before its decision is recorded: S's first act is the record (the command
-     * could kill S at once, and a program that ran would have none). Until then nothing has
-     * started: a server that died first leaves the command to the slow path. */
-    char byte;
-    ssize_t acked;
-    while ((acked = read(ack[0], &byte, 1)) < 0 && errno == EINTR)
-        ;
-    if (acked != 1) {
-        if (launcher > 0)
-            kill(launcher, SIGKILL); /* it spawned nothing */
-        kill(server, SIGKILL);
-        while (waitpid(-1, NULL, __WALL) > 0 || errno == EINTR)
-            ;
-        remove_session_dir();
-        unlink(g_plan_path);
-        sigprocmask(SIG_UNBLOCK, &set, NULL);
-        signal(SIGINT, SIG_DFL);
-        signal(SIGQUIT, SIG_DFL);
-        prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
-        slow_path();
-    }
 
     int main_status = -1, ending = 0;
     if (launcher > 0) {
@@ -1134,7 +1216,7 @@ int main(int argc, char **argv)
             main_status = (int)reported;
     }
     /* A launcher that did not exit 0 may have left processes: they came to us (subreaper).
-     * Kill them all, sparing S until its record is written. */
+     * Kill them all, sparing S (its status says whether it ended the session). */
     if (launcher_status != 0) {
         for (int round = 0; round < 64 && eg_signal_descendants(self, server, SIGKILL, 0); round++) {
             int st;
@@ -1145,11 +1227,21 @@ int main(int argc, char **argv)
             usleep(1000);
         }
     }
-    /* then stop S (its record was written before anything ran) */
+    /* then stop S (the first record was written before anything ran). S says its status on
+     * the done pipe as its last act before _exit: the kernel's teardown of an interpreter
+     * (milliseconds to tens of them on a loaded machine) is not waited for; S, still dying,
+     * goes to our reaper. EOF without a status (S died or was still starting): wait for it. */
     if (server_status < 0) {
         kill(server, SIGTERM);
-        while (waitpid(server, &server_status, __WALL) < 0 && errno == EINTR)
+        unsigned char said;
+        ssize_t got;
+        while ((got = read(done[0], &said, 1)) < 0 && errno == EINTR)
             ;
+        if (got == 1)
+            server_status = W_EXITCODE(said, 0);
+        else
+            while (waitpid(server, &server_status, __WALL) < 0 && errno == EINTR)
+                ;
     }
     /* and whatever else is still ours */
     while (waitpid(-1, NULL, __WALL | WNOHANG) > 0)

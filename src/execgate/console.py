@@ -1,10 +1,11 @@
-"""The ``execgate`` command (console script, ``python -m execgate``).
+"""The Python command line: the console script ``execgate-py`` (to which the native ``execgate``
+command, native/entry.c, hands every command but a fast ``run``) and ``python -m execgate``.
 
 ``execgate run`` goes to the native front (``_bin/execgate-run``, docs/protocol.md §8) before
-anything else is imported: the front starts the command from a start-up plan, or hands the
-command line back (``EXECGATE_FRONT_DECLINED``). Every other command, and a declined ``run``,
-is :func:`execgate.cli.entry`'s. Only ``os`` and ``sys`` here: this module is on the path of
-every fast start.
+anything else is imported, unless the front handed it here (``EXECGATE_FRONT_DECLINED``): the
+front starts the command from a start-up plan, or hands the command line back. Every other
+command, and a declined ``run``, is :func:`execgate.cli.entry`'s. Only ``os`` and ``sys``
+here: this module is on the path of ``python -m execgate run``'s fast start.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 import execgate
+from execgate.gate import runplan
 
 FRONT = Path(execgate.__file__).resolve().parent / "_bin" / "execgate-run"
 needs_front = pytest.mark.skipif(
@@ -410,3 +411,52 @@ def test_killing_the_server_at_once_leaves_no_unrecorded_program(attacker: Any) 
     assert b"killed" in done.stdout, done
     ran = [r for r in _records(attacker)[before:] if r.get("argv", [None])[0] == "dash"]
     assert ran, (done.stdout, done.stderr)
+
+
+# -- the decision log the front writes the first record to ---------------------------------------
+
+
+@needs_front
+@pytest.mark.parametrize("replacement", ["fifo", "folder"])
+def test_a_log_swapped_by_a_command_stops_the_next_run_before_it_runs(
+    attacker: Any, replacement: str
+) -> None:
+    """A gated command replaces the decision log with a FIFO (a writer that waited for a
+    reader would hang the next front before its command ran) or a folder. The next run's front
+    cannot write the first record: its command must not run unrecorded; the slow path refuses
+    the log in one sentence, at once."""
+    _warm(attacker)
+    log = attacker.base / "xhome" / "log" / "decisions.jsonl"
+    make = "os.mkfifo(p)" if replacement == "fifo" else "os.mkdir(p)"
+    swap = f'python3 -c "import os; p = {str(log)!r}; os.unlink(p); {make}"; echo swapped'
+    assert b"swapped" in _gated(attacker, swap).stdout
+    assert not log.is_file()
+    marker = attacker.work / "ran"
+    done = _gated(attacker, f"touch {marker}")  # (a hang fails: _gated's timeout)
+    assert not marker.exists(), done
+    assert done.returncode == 1, done
+    (line,) = done.stderr.decode().splitlines()
+    assert line.startswith(f"execgate: error: cannot write the decision log {log}: "), line
+
+
+@needs_front
+def test_a_plan_that_points_the_log_elsewhere_ends_its_session(attacker: Any) -> None:
+    """A plan (the user's own file: with the sandbox off, cooperative) whose decision log is
+    another file: the front writes the first record where the plan says, before the command
+    runs, and the server, which computes the log itself, ends the session at once."""
+    plan = _warm(attacker)
+    elsewhere = attacker.outside / "elsewhere.jsonl"
+    lines = [
+        f"server log {runplan.escape(str(elsewhere))} 100000 2" if line.startswith("server log ")
+        else line
+        for line in plan.read_text().splitlines()
+    ]  # fmt: skip
+    plan.write_text("\n".join(lines) + "\n")
+    marker = attacker.work / "ran"
+    done = _gated(attacker, f"sleep 20; touch {marker}")
+    assert done.returncode == 1, done
+    assert b"its start-up plan was stale (the decision log differs)" in done.stderr, done
+    assert not marker.exists()
+    assert not plan.exists()
+    (first,) = [json.loads(line) for line in elsewhere.read_text().splitlines()]
+    assert first["argv"][:2] == ["dash", "-c"]

@@ -165,6 +165,8 @@ ATTACKS = {
     "add a .pth file": 'printf "import os\\n" > "$PKG/../evil.pth"',
     "edit the console script": 'printf "\\nexit 0\\n" >> "$SCRIPT"',
     "replace the console script": 'ln -sf /bin/true "$SCRIPT"',
+    "edit the Python command line": 'printf "\\nexit 0\\n" >> "$SCRIPT-py"',
+    "replace the Python command line": 'ln -sf /bin/true "$SCRIPT-py"',
 }
 #: Only for a venv: its interpreter and configuration.
 VENV_ATTACKS = {

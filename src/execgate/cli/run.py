@@ -177,7 +177,8 @@ async def _run(
     )
     caller = SessionCaller(gate.approvals.recording(asker), decisions=decisions)
     if adopted is not None:
-        return await _serve_adopted(adopted, session_config, caller, gate, reloader, ending)
+        log = _planned_log(config)
+        return await _serve_adopted(adopted, session_config, caller, gate, reloader, ending, log)
     session = await EscalationSession.open(session_config, caller)
     try:
         async with reloader.watching():
@@ -209,6 +210,7 @@ async def _serve_adopted(
     gate: GatePolicy,
     reloader: PolicyReloader[LoadedPolicy],
     ending: _Ending,
+    log: tuple[str, int, int],
 ) -> int:
     """Serve the session the native front opened, once what we computed equals its plan."""
     from execgate.gate.launcher import Launcher
@@ -237,7 +239,7 @@ async def _serve_adopted(
     )
     session = EscalationSession.adopt(config, caller, parts)
     try:
-        stale = _differs_from_plan(start, session, gate, launched)
+        stale = _differs_from_plan(start, session, gate, log, launched)
         if stale is not None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the front waits for our status
             with contextlib.suppress(OSError):
@@ -312,11 +314,15 @@ def _known_carveouts(options: list[str] | None) -> tuple[tuple[int, int], ...]:
 
 
 def _differs_from_plan(
-    start: FrontStart, session: EscalationSession, gate: GatePolicy, launched: list[str] | None
+    start: FrontStart,
+    session: EscalationSession,
+    gate: GatePolicy,
+    log: tuple[str, int, int],
+    launched: list[str] | None,
 ) -> str | None:
     """What differs between the plan the front followed and what this server computed
     (None: nothing): the snapshot, the gate's native files, the sandbox the launcher enforces
-    (its command line), the stand-ins, the first program's decision."""
+    (its command line), the stand-ins, the decision log, the first program's decision."""
     from execgate.gate.escalation import Verdict
     from execgate.gate.session import describe_exec, resolve_command
 
@@ -334,6 +340,8 @@ def _differs_from_plan(
         return "the policy fails closed"
     if session.sandbox_text != plan.sandbox:
         return "the sandbox differs"
+    if log != (plan.log, plan.log_max_bytes, plan.log_keep):
+        return "the decision log differs"  # (the front wrote the first record there)
     try:
         spec = session.confinement()
     except ExecgateError as exc:  # (a writable root in a state folder, …: refused now)
@@ -369,6 +377,14 @@ def _differs_from_plan(
     if exec_.realpath != start.realpath:
         return "the first program is another file"
     return None
+
+
+def _planned_log(config: Config) -> tuple[str, int, int]:
+    """The decision log as a plan names it: its file (``""``: off), rotation size and how
+    many rotated files are kept."""
+    if not config.log.enabled:
+        return "", 0, 0
+    return os.fspath(paths.decision_log_file()), config.log.max_bytes, config.log.keep
 
 
 #: The options a start-up plan covers, each with the values it may have (None: any), in the
@@ -447,7 +463,7 @@ def _write_plan(
         *runplan.package_files(),
         Path(sys.executable),
     ]
-    log = paths.decision_log_file() if config.log.enabled else None
+    log = _planned_log(config)
     try:
         text = runplan.render(
             cwd=cwd,
@@ -455,7 +471,7 @@ def _write_plan(
             inputs=inputs,
             snapshot=snapshot,
             sessions=session.dir.parent,
-            log=(log, config.log.max_bytes, config.log.keep) if log else None,
+            log=log if log[0] else None,
             sandbox=session.sandbox_text,
             launch_options=session.launcher.sandbox.launcher_args()
             if session.launcher.sandbox

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DecisionLog", "open_decision_log", "open_front_log"]
 
-# Loaded on first use: the chained file alone (a native start's first record, gate/adopt.py)
-# must not import the recorder's asyncio and the configuration.
+# Loaded on first use: the chained file alone (reading or appending to it) must not import the
+# recorder's asyncio and the configuration.
 __getattr__ = lazy_exports(
     __name__,
     globals(),

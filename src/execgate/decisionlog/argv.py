@@ -1,5 +1,6 @@
 """A record's argument vector, bounded: one exec cannot flood the log. Its own module (no
-asyncio, no logging) so the server's first record at a native start (gate/adopt.py) is cheap."""
+asyncio, no logging); native/chain.c cuts the native front's first record alike (its
+EG_WORD_LIMIT and EG_ARGV_LIMIT are these)."""
 
 from __future__ import annotations
 

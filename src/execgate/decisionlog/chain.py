@@ -88,7 +88,8 @@ class ChainedFile:
             raise LogPathError(f"cannot write the decision log {path}: {_why(exc)}") from None
 
     def _reopen(self) -> None:
-        fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        # O_NONBLOCK: a FIFO put in the log's place is refused below, not waited on
+        fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
@@ -176,7 +177,11 @@ def _last_line_hash(path: Path, size: int) -> tuple[str | None, bool]:
     newline (False: its last line was torn)."""
     if size == 0:
         return None, True
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # (a FIFO: no wait)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IsADirectoryError(21, "not a regular file")
+    with open(fd, "rb") as f:
         end = size
         f.seek(end - 1)
         complete = f.read(1) == b"\n"
@@ -195,8 +200,8 @@ def _last_line_hash(path: Path, size: int) -> tuple[str | None, bool]:
 # -- reading ----------------------------------------------------------------------------------
 
 
-# NamedTuples, not dataclasses: appending (a native start's first record, execgate/adopt.py)
-# must not import dataclasses (inspect, re, ast: tens of ms).
+# NamedTuples, not dataclasses: this module stays cheap to import (dataclasses imports inspect,
+# re, ast: tens of ms). (native/chain.c is the other writer: the native front's first record.)
 class Line(NamedTuple):
     file: Path
     number: int  # 1-based, within ``file``

@@ -12,7 +12,7 @@ descriptor the front used and checks that what it computes itself equals it; a d
 the session and deletes the plan (fail closed).
 
 Lines of ``KIND FIELD…``, single spaces, every text field %XX-escaped (bytes outside ``!``..``~``
-and ``%``), first ``EGPLAN 1``, last ``end``.
+and ``%``), first ``EGPLAN 2``, last ``end``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 # The server of a native start reads a plan (read_fd) before anything else: no dataclasses,
 # no execgate modules beyond this one at import (the writer's are imported where used).
 
-MAGIC = "EGPLAN 1"
+#: The plan's version: the front's and its server's (native/front.c, execgate/adopt.py). Part of
+#: the plan's name, so that two installed versions never follow each other's plans.
+MAGIC = "EGPLAN 2"
 
 #: Every environment variable the opening of ``execgate run`` reads (paths.py, the policy's
 #: layers and cache, the sandbox's guards, the decision log's export, tempfile): the plan holds
@@ -100,10 +102,10 @@ def _unescape_bytes(field_: str) -> bytes:
 
 
 def plan_key(uid: int, cwd: str, options: Sequence[str]) -> str:
-    """FNV-1a 64 of ``UID\\0CWD\\0OPTION\\0…`` in hex: the plan's file name (an index only:
-    a collision finds a plan whose lines do not hold)."""
+    """FNV-1a 64 of ``MAGIC\\0UID\\0CWD\\0OPTION\\0…`` in hex: the plan's file name (an
+    index only: a collision finds a plan whose lines do not hold)."""
     h = 0xCBF29CE484222325
-    for part in (str(uid), cwd, *options):
+    for part in (MAGIC, str(uid), cwd, *options):
         for byte in os.fsencode(part) + b"\0":
             h = ((h ^ byte) * 0x100000001B3) & ((1 << 64) - 1)
     return f"{h:016x}"
@@ -220,7 +222,7 @@ def render(
     inputs: Iterable[Path],
     snapshot: bytes,
     sessions: Path,
-    log: tuple[Path, int, int] | None,
+    log: tuple[str, int, int] | None,
     sandbox: str,
     launch_options: Sequence[str] = (),
     session_dir: Path | None = None,
@@ -261,7 +263,7 @@ def render(
     if log is None:
         lines.append("server nolog")
     else:
-        lines.append(f"server log {escape(os.fspath(log[0]))} {log[1]} {log[2]}")
+        lines.append(f"server log {escape(log[0])} {log[1]} {log[2]}")
     lines.append(f"server sandbox {escape(sandbox)}")
     lines += _launch_lines(launch_options, session_dir)
     lines += [f"standin {escape(program)}" for program in standins]

@@ -37,27 +37,30 @@ from execgate.files import ensure_control_dir, is_own_private_dir, make_private_
 from execgate.policy.layers import trusted_project_folders
 from execgate.sandbox.spec import SandboxSpec, path_under
 
-CONSOLE_SCRIPT = "execgate"
+#: The installed commands: ``execgate`` (native, native/entry.c) and the Python command line
+#: it hands everything but a fast ``run`` to.
+CONSOLE_SCRIPTS = ("execgate", "execgate-py")
 
 
 def _console_scripts() -> list[Path]:
-    """Where the ``execgate`` command lives: this process's own script, the one on ``PATH``
+    """Where the ``execgate`` commands live: this process's own script, the ones on ``PATH``
     and the ones pip installs (prefix and user scheme)."""
     return [p for p in _console_script_candidates() if os.path.lexists(p)]
 
 
 def _console_script_candidates() -> list[Path]:
     found: list[str] = []
-    if os.path.basename(sys.argv[0] or "") == CONSOLE_SCRIPT:
+    if os.path.basename(sys.argv[0] or "") in CONSOLE_SCRIPTS:
         found.append(os.path.abspath(sys.argv[0]))
-    on_path = shutil.which(CONSOLE_SCRIPT)
-    if on_path:
-        found.append(on_path)
-    for scheme in (sysconfig.get_default_scheme(), sysconfig.get_preferred_scheme("user")):
-        try:
-            found.append(os.path.join(sysconfig.get_path("scripts", scheme), CONSOLE_SCRIPT))
-        except KeyError:
-            continue
+    for name in CONSOLE_SCRIPTS:
+        on_path = shutil.which(name)
+        if on_path:
+            found.append(on_path)
+        for scheme in (sysconfig.get_default_scheme(), sysconfig.get_preferred_scheme("user")):
+            try:
+                found.append(os.path.join(sysconfig.get_path("scripts", scheme), name))
+            except KeyError:
+                continue
     return [Path(p) for p in found]
 
 

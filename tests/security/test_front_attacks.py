@@ -191,7 +191,10 @@ def test_a_stale_plan_never_lets_a_newly_forbidden_program_run(attacker: Any, sa
     runs `marker` at once (before the server could have checked anything): it must be denied,
     by the slow path (the front noticed) or by the server. In a sandbox the plan's stand-ins
     do not cover `marker` either: the plan must not be followed at all."""
-    for name, options, env, change in _stale_cases(attacker):
+    cases = _stale_cases(attacker)
+    if sandbox != "off":  # the same checks of the same lines: a new folder, times only
+        cases = [case for case in cases if case[0] in ("user rules folder", "same size")]
+    for name, options, env, change in cases:
         _warm(attacker, options, sandbox)  # (CODEX_HOME is set for the attack run only)
         change()
         attacker.give(attacker.base)

@@ -405,9 +405,10 @@ class AdoptedParts:
     token: str
     escalated_token: str
     listener: socket.socket
-    snapshot_fd: int
+    snapshot_fd: int | None  # None: a confined session (its clients read the file)
     launcher: Launcher
     main: asyncio.Future[LaunchedProcess]
+    standins: Sequence[str] = ()  # the programs the front covered (standins/0, 1, …)
 
 
 class EscalationSession:
@@ -457,7 +458,8 @@ class EscalationSession:
         # Without a sandbox a gated process could replace the file: clients use a sealed copy.
         self.sealed_snapshot: SealedSnapshot | None
         if adopted is not None:  # the front wrote both; the front end checks they are ours
-            self.sealed_snapshot = SealedSnapshot.adopt(adopted.snapshot_fd)
+            fd = adopted.snapshot_fd
+            self.sealed_snapshot = None if fd is None else SealedSnapshot.adopt(fd)
         else:
             write_atomically(self.snapshot_path, live.snapshot, mode=0o444)
             self.sealed_snapshot = None if self.confined else SealedSnapshot(live.snapshot)
@@ -468,8 +470,10 @@ class EscalationSession:
         self.standins: StandIns | None = None
         if self.confined:
             try:
-                self.standins = StandIns(self.dir / "standins", self.wrapper)
-                self.standins.cover(live.rule_named)
+                made = adopted.standins if adopted is not None else None
+                self.standins = StandIns(self.dir / "standins", self.wrapper, made)
+                if adopted is None:  # the front's cover what its plan says (checked then)
+                    self.standins.cover(live.rule_named)
             except BaseException:
                 shutil.rmtree(self.dir, ignore_errors=True)
                 raise
@@ -495,26 +499,12 @@ class EscalationSession:
         with :meth:`attach` before :meth:`start`."""
         native.verify_installation()  # never load an interposer that is not the installed one
         session = cls(config, caller)
-        sandbox, live = session.sandbox, config.live
+        live = config.live
         new_process_session = config.new_process_session
         try:
             live.watch_in(asyncio.get_running_loop())
             session._server = GateServer(session.socket_path, session)
-            spec = None
-            if sandbox is not None:
-                from execgate.sandbox.guarded import guard  # (sysconfig: sandboxes only)
-
-                readonly, hidden = guard(sandbox)  # execgate's own files, state and controls
-                hosts = config.network.hosts_file if config.network else None
-                if hosts is not None and hosts.exists():  # read at every proxied connection
-                    readonly.append(hosts)
-                spec = sandbox.with_gate_paths(
-                    session_dir=session.dir,
-                    executables=[session.wrapper, session.interposer],
-                    readonly=readonly,
-                    hidden=hidden,
-                    standin_table=session.standins.table if session.standins else None,
-                )
+            spec = session.confinement()
             report = session._start_proxy() if session.proxied else None
             try:
                 session._launcher = await Launcher.start(
@@ -532,15 +522,36 @@ class EscalationSession:
             raise
         return session
 
+    def confinement(self) -> SandboxSpec | None:
+        """What the launcher enforces: the session's sandbox with what the gate needs in it
+        (execgate's own files, state and controls, the session folder, the stand-ins)."""
+        sandbox = self.sandbox
+        if sandbox is None:
+            return None
+        from execgate.sandbox.guarded import guard  # (sysconfig: sandboxes only)
+
+        readonly, hidden = guard(sandbox)  # execgate's own files, state and controls
+        hosts = self.network.hosts_file if self.network else None
+        if hosts is not None and hosts.exists():  # read at every proxied connection
+            readonly.append(hosts)
+        return sandbox.with_gate_paths(
+            session_dir=self.dir,
+            executables=[self.wrapper, self.interposer],
+            readonly=readonly,
+            hidden=hidden,
+            standin_table=self.standins.table if self.standins else None,
+        )
+
     @classmethod
     def adopt(
         cls, config: SessionConfig, caller: SessionCaller, parts: AdoptedParts
     ) -> EscalationSession:
         """The session the native front opened (docs/protocol.md §8), served from here on:
-        its gate socket, snapshot and launcher are ``parts``. Sessions that confine nothing
-        only (the front's plans cover no other)."""
-        if config.sandbox is not None and config.sandbox.confines:
-            raise ValueError("an adopted session confines nothing")
+        its gate socket, snapshot, stand-ins and launcher are ``parts``; a confined one's
+        sandbox comes with the known carve-outs the front found (``known_carveouts``)."""
+        sandbox = config.sandbox
+        if sandbox is not None and sandbox.confines and sandbox.known_carveouts is None:
+            raise ValueError("an adopted confined session takes the front's known carve-outs")
         session = cls(config, caller, parts)
         try:
             config.live.watch_in(asyncio.get_running_loop())

@@ -98,7 +98,7 @@ __attribute__((noreturn)) static void deny(int errfd, char *const *cmd, const ch
     if (!known) {
         cat(who, sizeof who, &n, "escalated program (ticket ");
         char t[65];
-        size_t tl = strnlen(ticket, 64);
+        size_t tl = ticket ? strnlen(ticket, 64) : 0;
         memcpy(t, ticket, tl);
         t[tl] = '\0';
         cat(who, sizeof who, &n, t);
@@ -241,6 +241,11 @@ static void send_signal(int sock, int sig)
     eg_send_frame(sock, &b, NULL, 0); /* a launcher that is gone shows up as EOF */
 }
 
+static void block_forwarded(sigset_t *waitmask);
+static void take_signals(int in_process);
+__attribute__((noreturn)) static void await_program(int sock, char *const *cmd,
+                                                    const char *ticket, const sigset_t *mask);
+
 void eg_claim(const char *ticket, char *const *envp, char *const *cmd, int in_process)
 {
     int errfd = 2;
@@ -293,15 +298,37 @@ void eg_claim(const char *ticket, char *const *envp, char *const *cmd, int in_pr
     for (size_t i = 0; i < envc; i++)
         eg_put(&b, envp[i]);
 
-    /* Signals: forwarded while we wait, delivered only inside ppoll. A program that was
-     * exec'ing gets what an exec gives: no handler of its own runs any more. */
-    sigset_t block, waitmask;
+    sigset_t waitmask;
+    block_forwarded(&waitmask);
+    take_signals(in_process);
+
+    int sock = eg_connect(eg_sess.claim);
+    if (sock < 0)
+        deny(errfd, cmd, ticket, "execgate server unreachable", -sock);
+    int r = eg_send_frame(sock, &b, fds, nfds);
+    if (mem != small)
+        munmap(mem, size);
+    if (r < 0)
+        deny(errfd, cmd, ticket, "cannot send the claim to the execgate server", -r);
+    await_program(sock, cmd, ticket, &waitmask);
+}
+
+/* Block the forwarded signals; *waitmask: the mask to wait with (the old one without them). */
+static void block_forwarded(sigset_t *waitmask)
+{
+    sigset_t block;
     sigemptyset(&block);
     for (int i = 0; i < N_FORWARDED; i++)
         sigaddset(&block, forwarded[i]);
-    sigprocmask(SIG_BLOCK, &block, &waitmask);
+    sigprocmask(SIG_BLOCK, &block, waitmask);
     for (int i = 0; i < N_FORWARDED; i++)
-        sigdelset(&waitmask, forwarded[i]);
+        sigdelset(waitmask, forwarded[i]);
+}
+
+/* Signals: forwarded while we wait, delivered only inside ppoll. A program that was
+ * exec'ing gets what an exec gives: no handler of its own runs any more. */
+static void take_signals(int in_process)
+{
     if (in_process) {
         struct sigaction dfl;
         memset(&dfl, 0, sizeof dfl);
@@ -323,20 +350,18 @@ void eg_claim(const char *ticket, char *const *envp, char *const *cmd, int in_pr
     sigfillset(&sa.sa_mask);
     for (int i = 0; i < N_FORWARDED; i++)
         sigaction(forwarded[i], &sa, NULL);
+}
 
-    int sock = eg_connect(eg_sess.claim);
-    if (sock < 0)
-        deny(errfd, cmd, ticket, "execgate server unreachable", -sock);
-    int r = eg_send_frame(sock, &b, fds, nfds);
-    if (mem != small)
-        munmap(mem, size);
-    if (r < 0)
-        deny(errfd, cmd, ticket, "cannot send the claim to the execgate server", -r);
-
+/* The claim is sent on sock: wait for the program's end, forwarding signals, and end the
+ * same way. */
+__attribute__((noreturn)) static void await_program(int sock, char *const *cmd,
+                                                    const char *ticket, const sigset_t *mask)
+{
+    sigset_t waitmask = *mask;
     /* The program has its own copies now. Keep only the claim and a private stderr for our
      * messages, so that a reader of our stdout sees end-of-file when the program (not we)
      * closes it. */
-    errfd = fcntl(2, F_DUPFD_CLOEXEC, 3);
+    int errfd = fcntl(2, F_DUPFD_CLOEXEC, 3);
     close_all_but(sock, errfd);
 
     for (;;) {
@@ -399,4 +424,94 @@ void eg_claim(const char *ticket, char *const *envp, char *const *cmd, int in_pr
         }
     }
     deny(errfd, cmd, ticket, "malformed answer from the execgate server", 0);
+}
+
+void eg_claim_standing(const char *path, int prog, char *const *argv, char *const *envp,
+                       char *const *cmd)
+{
+    if (!eg_sess.ok || !eg_sess.claim[0] || prog < 0 || !argv || !argv[0])
+        return;
+    int fds[MAX_SEEN + 1];
+    int dropped;
+    int nfds = collect_fds(fds, EG_MAX_FDS - 1, &dropped);
+    if (dropped) /* the ticket's claim says so */
+        return;
+    fds[nfds] = prog;
+
+    /* the frame: EG1 standing TOKEN PATH ARGC ARGV… NFDS FD… ENVC ENV… */
+    size_t size = EG_HEADER + 64 + EG_TOKEN_LEN + strlen(path) + (size_t)nfds * 12 + 48;
+    size_t argc = 0, envc = 0;
+    for (; argv[argc]; argc++)
+        size += strlen(argv[argc]) + 1;
+    if (envp)
+        for (; envp[envc]; envc++)
+            size += strlen(envp[envc]) + 1;
+    char small[16384] __attribute__((aligned(16)));
+    void *mem = small;
+    if (size > sizeof small) {
+        mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (mem == MAP_FAILED)
+            return;
+    }
+    struct eg_buf b;
+    eg_buf_init(&b, mem, size);
+    eg_put(&b, EG_TAG);
+    eg_put(&b, "standing");
+    eg_put(&b, eg_sess.token);
+    eg_put(&b, path);
+    eg_put_ulong(&b, argc);
+    for (size_t i = 0; i < argc; i++)
+        eg_put(&b, argv[i]);
+    eg_put_long(&b, nfds);
+    for (int i = 0; i < nfds; i++)
+        eg_put_long(&b, fds[i]);
+    eg_put_ulong(&b, envc);
+    for (size_t i = 0; i < envc; i++)
+        eg_put(&b, envp[i]);
+
+    /* Blocked until the answer: a `go` takes them over as a claim does, a miss gives them
+     * back as they were. */
+    sigset_t waitmask, before;
+    sigprocmask(SIG_BLOCK, NULL, &before);
+    block_forwarded(&waitmask);
+    int sock = eg_connect(eg_sess.claim);
+    int r = sock < 0 ? sock : eg_send_frame(sock, &b, fds, nfds + 1);
+    if (mem != small)
+        munmap(mem, size);
+    char ans[256];
+    char *payload = NULL;
+    void *map = NULL;
+    size_t maplen = 0;
+    ssize_t len = r < 0 ? r : eg_recv_frame_mm(sock, ans, sizeof ans, &payload, &map, &maplen);
+    if (map)
+        munmap(map, maplen);
+    if (len > 0 && payload[len - 1] == '\0') {
+        struct eg_fields f;
+        eg_fields_init(&f, payload, (size_t)len);
+        const char *tag = eg_next(&f, NULL), *kind = eg_next(&f, NULL);
+        int ours = tag && kind && !strcmp(tag, EG_TAG);
+        if (ours && !strcmp(kind, "go") && eg_fields_done(&f)) {
+            take_signals(1);
+            await_program(sock, cmd, NULL, &waitmask);
+        }
+        if (ours && !strcmp(kind, "deny")) { /* it was a hit, and the program could not start */
+            size_t n;
+            const char *msg = eg_next(&f, &n);
+            if (msg && eg_fields_done(&f)) {
+                static const char missing[] = "No such file or directory";
+                eg_write_all(2, msg, n);
+                eg_write_all(2, "\n", 1);
+                _exit(memmem(msg, n, missing, sizeof missing - 1) ? 127 : 126);
+            }
+        }
+        if (!ours || strcmp(kind, "miss") || !eg_fields_done(&f))
+            deny(2, cmd, NULL, "malformed answer from the execgate server", 0);
+    } else if (len != -ENODATA && r >= 0) {
+        /* anything but a clean miss or no connection at all: the launcher may have started
+         * the program, so nothing else may run in its place */
+        deny(2, cmd, NULL, "malformed answer from the execgate server", 0);
+    }
+    if (sock >= 0)
+        close(sock);
+    sigprocmask(SIG_SETMASK, &before, NULL);
 }

@@ -116,6 +116,10 @@ struct plan {
     int nsyspath;
     char *launch_opts[MAX_LIST];
     int nlaunch_opts;
+    /* what each launch option is: the word itself, or a placeholder filled in per session */
+    enum { LAUNCH_WORD, LAUNCH_SESSION, LAUNCH_CARVEOUTS } launch_kind[MAX_LIST];
+    char *standins[MAX_LIST]; /* a sandboxed session's stand-ins cover these, in order */
+    int nstandins;
     unsigned char *snap;
     size_t snap_len;
     /* the server's lines: the decision log (NULL: off) and the records' sandbox text */
@@ -221,6 +225,40 @@ static int split(char *line, char **f, int max)
     return n;
 }
 
+/* A sandboxed plan's lines (gate/runplan.py): `launch-session NAME` (the launcher option
+ * <session folder>/NAME; `.`: the folder), `launch-carveouts` (the known carve-outs, found
+ * at start), `standin PROGRAM` and `dir PATH DEV INO` (lstat: a folder of this identity).
+ * 1 taken or holds, 0 malformed or stale, -1 not one of them. */
+static int sandbox_line(struct plan *p, const char *kind, char **f, int n)
+{
+    int session = !strcmp(kind, "launch-session"), carve = !strcmp(kind, "launch-carveouts");
+    if (session || carve) {
+        char *value = session && n == 2 ? decode(f[1]) : NULL;
+        if ((session && (!value || !*value || strchr(value, '/') || !strcmp(value, ".."))) ||
+            (carve && n != 1) || p->nlaunch_opts >= MAX_LIST)
+            return 0;
+        p->launch_kind[p->nlaunch_opts] = session ? LAUNCH_SESSION : LAUNCH_CARVEOUTS;
+        p->launch_opts[p->nlaunch_opts++] = value;
+        return 1;
+    }
+    if (!strcmp(kind, "standin")) {
+        char *value = n == 2 ? decode(f[1]) : NULL;
+        if (!value || value[0] != '/' || p->nstandins >= MAX_LIST)
+            return 0;
+        p->standins[p->nstandins++] = value;
+        return 1;
+    }
+    if (!strcmp(kind, "dir") && n == 4) { /* a folder whose identity matters, not its times */
+        const char *path = decode(f[1]);
+        unsigned long long dev, ino;
+        struct stat st;
+        return path && !parse_ull(f[2], &dev) && !parse_ull(f[3], &ino) &&
+               lstat(path, &st) == 0 && S_ISDIR(st.st_mode) &&
+               (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+    }
+    return -1;
+}
+
 /* `server log PATH MAX_BYTES KEEP`, `server nolog`, `server sandbox TEXT`; 1 or 0. */
 static int server_line(struct plan *p, char **f, int n)
 {
@@ -285,6 +323,9 @@ static int check_line(struct plan *p, char *line, const char *cwd, char **opts, 
         const char *path = decode(f[1]);
         return path && !strcmp(path, cwd);
     }
+    int sandboxed = sandbox_line(p, kind, f, n);
+    if (sandboxed >= 0)
+        return sandboxed;
     char *value = n == 2 ? decode(f[1]) : NULL;
     if (!value && n == 2)
         return 0;
@@ -300,9 +341,10 @@ static int check_line(struct plan *p, char *line, const char *cwd, char **opts, 
         p->sessions = value;
     else if (!strcmp(kind, "syspath") && value && p->nsyspath < MAX_LIST)
         p->syspath[p->nsyspath++] = value;
-    else if (!strcmp(kind, "launch") && value && p->nlaunch_opts < MAX_LIST)
+    else if (!strcmp(kind, "launch") && value && p->nlaunch_opts < MAX_LIST) {
+        p->launch_kind[p->nlaunch_opts] = LAUNCH_WORD;
         p->launch_opts[p->nlaunch_opts++] = value;
-    else if (!strcmp(kind, "snapshot") && n == 2) {
+    } else if (!strcmp(kind, "snapshot") && n == 2) {
         size_t len = strlen(f[1]);
         if (len % 2)
             return 0;
@@ -621,6 +663,102 @@ static int sealed_snapshot(const struct plan *p)
     return high;
 }
 
+/* -- a sandboxed session ------------------------------------------------------------------- */
+
+/* Whether the plan's launcher confines its `sandbox` spawns (`--sandbox MODE`, not off). */
+static int plan_confines(const struct plan *p)
+{
+    for (int i = 0; i + 1 < p->nlaunch_opts; i++)
+        if (p->launch_kind[i] == LAUNCH_WORD && !strcmp(p->launch_opts[i], "--sandbox"))
+            return p->launch_kind[i + 1] != LAUNCH_WORD || strcmp(p->launch_opts[i + 1], "off");
+    return 0;
+}
+
+/* The stand-ins of the plan's programs, as gate/standins.py makes them: standins/N, mode
+ * 0555, `#!WRAPPER --shadow`, and their table standins.table (pairs of NUL-ended paths,
+ * stand-in then program), 0444. The server checks each is ours and covers what it computes. */
+static int make_standins(const struct plan *p)
+{
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/standins", g_dir);
+    if (mkdir(path, 0700) < 0)
+        return -1;
+    size_t cap = 1, wlen = strlen(p->wrapper);
+    for (int i = 0; i < p->nstandins; i++)
+        cap += strlen(g_dir) + 32 + strlen(p->standins[i]);
+    char *table = malloc(cap), *line = malloc(wlen + 16);
+    int r = table && line ? 0 : -1;
+    int llen = line ? snprintf(line, wlen + 16, "#!%s --shadow\n", p->wrapper) : 0;
+    size_t len = 0;
+    for (int i = 0; i < p->nstandins && r == 0; i++) {
+        int n = snprintf(table + len, cap - len, "%s/standins/%d", g_dir, i);
+        int fd = open(table + len, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0555);
+        r = fd < 0 ? -1 : eg_write_all(fd, line, (size_t)llen) < 0 ? -1 : 0;
+        if (fd >= 0)
+            close(fd);
+        len += (size_t)n + 1; /* its NUL, then the program's path and NUL */
+        size_t plen = strlen(p->standins[i]) + 1;
+        memcpy(table + len, p->standins[i], plen);
+        len += plen;
+    }
+    if (r == 0)
+        r = write_file("standins.table", table, len, 0444);
+    free(table);
+    free(line);
+    return r;
+}
+
+/* The protected names (`--protect NAME`) that exist now in each writable root (`--writable
+ * DIR`) by device and inode — the entry, then what it resolves to; each once, in that order —
+ * as `--known-carveouts` wants them (sandbox/spec.py's existing_carveouts): looked at before
+ * anything of the session runs. NULL when out of memory. */
+static char *known_carveouts(const struct plan *p)
+{
+    size_t cap = 64, len = 0;
+    char *out = malloc(cap);
+    dev_t seen_dev[MAX_LIST];
+    ino_t seen_ino[MAX_LIST];
+    int nseen = 0;
+    if (!out)
+        return NULL;
+    out[0] = '\0';
+    for (int r = 0; r + 1 < p->nlaunch_opts; r++) {
+        if (p->launch_kind[r] != LAUNCH_WORD || strcmp(p->launch_opts[r], "--writable"))
+            continue;
+        for (int k = 0; k + 1 < p->nlaunch_opts; k++) {
+            if (p->launch_kind[k] != LAUNCH_WORD || strcmp(p->launch_opts[k], "--protect"))
+                continue;
+            char path[PATH_MAX];
+            if (snprintf(path, sizeof path, "%s/%s", p->launch_opts[r + 1],
+                         p->launch_opts[k + 1]) >= (int)sizeof path)
+                continue;
+            for (int follow = 0; follow < 2; follow++) {
+                struct stat st;
+                if ((follow ? stat(path, &st) : lstat(path, &st)) < 0)
+                    continue;
+                int known = 0;
+                for (int i = 0; i < nseen && !known; i++)
+                    known = seen_dev[i] == st.st_dev && seen_ino[i] == st.st_ino;
+                if (known || nseen >= MAX_LIST)
+                    continue;
+                seen_dev[nseen] = st.st_dev, seen_ino[nseen++] = st.st_ino;
+                if (len + 48 > cap) {
+                    char *more = realloc(out, cap *= 2);
+                    if (!more) {
+                        free(out);
+                        return NULL;
+                    }
+                    out = more;
+                }
+                len += (size_t)snprintf(out + len, cap - len, "%s%llu:%llu", len ? "," : "",
+                                        (unsigned long long)st.st_dev,
+                                        (unsigned long long)st.st_ino);
+            }
+        }
+    }
+    return out;
+}
+
 static char *joined(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);
@@ -665,7 +803,8 @@ static char **command_env(const char *const gate[6], const char *interposer)
         env[k++] = *e;
     }
     for (int i = 0; i < 6; i++)
-        env[k++] = (char *)gate[i];
+        if (gate[i]) /* (a sandboxed session's clients read the snapshot file) */
+            env[k++] = (char *)gate[i];
     /* LD_PRELOAD: ours, then the user's others (spaces and colons separate them) */
     const char *old = preload ? *preload + 11 : "";
     size_t cap = 11 + strlen(interposer) + strlen(old) + 2;
@@ -696,7 +835,7 @@ static char **command_env(const char *const gate[6], const char *interposer)
 /* The first `spawn` (protocol §7): the command with flags main,last,execfd on our stdio,
  * executing progfd (the file the snapshot check judged; program only names it). */
 static int send_first_spawn(int control, const char *program, int progfd, const char *cwd,
-                            char **argv, char **env)
+                            char **argv, char **env, int sandboxed)
 {
     size_t need = 256 + strlen(program) + strlen(cwd);
     int argc = 0, envc = 0;
@@ -712,7 +851,7 @@ static int send_first_spawn(int control, const char *program, int progfd, const 
     eg_put(&b, EG_TAG);
     eg_put(&b, "spawn");
     eg_put_long(&b, MAIN_SPAWN_ID);
-    eg_put(&b, "main,last,execfd");
+    eg_put(&b, sandboxed ? "main,last,execfd,sandbox" : "main,last,execfd");
     eg_put_long(&b, -1);
     eg_put(&b, cwd);
     eg_put(&b, program);
@@ -885,6 +1024,8 @@ void eg_front(char *const *slow, int nslow, int nrun, char **run)
     if (sigfd < 0 || prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
         slow_path();
 
+    int confined = plan_confines(&plan);
+    char *carveouts = NULL; /* a sandboxed session's, found before anything of it runs */
     char token[33], escalated[33], session_id[17];
     int gate = -1, claim = -1, snap_fd = -1, ctl[2] = {-1, -1}, status[2] = {-1, -1},
         done[2] = {-1, -1};
@@ -893,7 +1034,8 @@ void eg_front(char *const *slow, int nslow, int nrun, char **run)
         (gate = listen_at("gate.sock", BACKLOG)) < 0 ||
         (claim = listen_at("claim.sock", SOMAXCONN)) < 0 ||
         write_file("policy.snap", plan.snap, plan.snap_len, 0444) < 0 ||
-        (snap_fd = sealed_snapshot(&plan)) < 0 ||
+        (confined ? make_standins(&plan) < 0 || !(carveouts = known_carveouts(&plan))
+                  : (snap_fd = sealed_snapshot(&plan)) < 0) ||
         socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ctl) < 0 ||
         pipe2(status, O_CLOEXEC) < 0 || pipe2(done, O_CLOEXEC) < 0) {
         remove_session_dir();
@@ -988,7 +1130,12 @@ void eg_front(char *const *slow, int nslow, int nrun, char **run)
         args[n++] = "--status-fd";
         args[n++] = fds[2];
         for (int i = 0; i < plan.nlaunch_opts; i++)
-            args[n++] = plan.launch_opts[i];
+            args[n++] = plan.launch_kind[i] == LAUNCH_CARVEOUTS ? carveouts
+                        : plan.launch_kind[i] == LAUNCH_SESSION
+                            ? (!strcmp(plan.launch_opts[i], ".")
+                                   ? g_dir
+                                   : joined(g_dir, joined("/", plan.launch_opts[i])))
+                            : plan.launch_opts[i];
         args[n] = NULL;
         execv(plan.launcher, args);
         _exit(127);
@@ -1010,16 +1157,17 @@ void eg_front(char *const *slow, int nslow, int nrun, char **run)
         const char *gate_env[6] = {
             joined("EXECGATE_SOCKET=", sock_path), joined("EXECGATE_TOKEN=", token),
             joined("EXECGATE_WRAPPER=", plan.wrapper), joined("EXEC_WRAPPER=", plan.wrapper),
-            joined("BASH_EXEC_WRAPPER=", plan.wrapper), snap_env,
+            joined("BASH_EXEC_WRAPPER=", plan.wrapper), confined ? NULL : snap_env,
         };
         char **env = command_env(gate_env, plan.interposer);
-        if (!env || send_first_spawn(ctl[0], program, progfd, cwd, cmd, env) < 0) {
+        if (!env || send_first_spawn(ctl[0], program, progfd, cwd, cmd, env, confined) < 0) {
             fprintf(stderr, "execgate: error: cannot start the session's command\n");
             kill(launcher, SIGTERM);
         }
     }
     close(ctl[0]); /* S's now */
-    close(snap_fd);
+    if (snap_fd >= 0)
+        close(snap_fd);
     close(progfd);
     sweep_stale_session_dirs(plan.sessions); /* while the command runs */
 

@@ -61,6 +61,10 @@ enum eg_how {
                    * or exec the wrapper, path = wrapper, argv = [execgate-claim, TICKET] */
     EG_HOW_GATE,  /* resolve_only calls: start the wrapper in its gate mode on path (the
                    * absolute path of the file found), argv: the caller's; it decides */
+    EG_HOW_STANDING, /* only for calls with `standing` set, before asking the server: claim
+                      * a standing authorization (eg_claim_standing) for fd (path: the
+                      * absolute path sent to the server) if this process may claim here;
+                      * return 0 (a miss) to ask the server as usual */
 };
 
 struct eg_plan {
@@ -90,6 +94,8 @@ struct eg_call {
                                * hand run() an EG_HOW_GATE plan: posix_spawn cannot execute a
                                * descriptor, so the wrapper it starts decides and execs */
     const char *search_path;  /* PATH value; NULL = "/bin:/usr/bin" */
+    int standing;             /* try run() with an EG_HOW_STANDING plan before asking the
+                               * server about a program that is not a script */
     char *const *argv;
     char *const *envp;
     /* out */
@@ -133,6 +139,15 @@ int eg_exec_plan(const struct eg_plan *plan);
 __attribute__((noreturn)) void eg_claim(const char *ticket, char *const *envp, char *const *cmd,
                                         int in_process);
 
+/* Claim a standing authorization (protocol §4 "Standing claims") for the program open at
+ * prog (not a script; path: its absolute path as the exec request would name it), with argv
+ * and envp as the exec would have them, in the calling process. Returns only on a miss (or
+ * when the claim socket cannot be reached): nothing ran, every descriptor and the signal mask
+ * are as they were; the caller asks the server as usual. On `go` it is eg_claim(…, in_process
+ * = 1) from there: the process ends as the program ends. The same constraints as eg_claim's
+ * in-process claims (single-threaded, not a vfork child). Async-signal-safe. */
+void eg_claim_standing(const char *path, int prog, char *const *argv, char *const *envp,
+                       char *const *cmd);
 /* The interposer's snapshot check (protocol §6) for the program at path (absolute, or relative
  * to cwd), with the snapshot snap (len bytes, validated here) instead of the session's: 1 = it
  * must ask the server (a rule may name it, a script, set-id, several links, ASK_ALWAYS, a

@@ -197,7 +197,7 @@ static int surely_a_repository(int dot_git)
  * a folder on the way can be swapped). *cwd_writable, *cwd_repository (cwd's own `.git`
  * is one git surely stops at). -1: cannot be examined (fail closed). */
 static int walk(int root, const char *cwd, char *dot_git, char *first, int *ancestors_writable,
-                int *cwd_writable, int *cwd_repository)
+                int *cwd_writable, int *cwd_repository, int standing)
 {
     char folder[PATH_MAX], path[PATH_MAX];
     if (snprintf(folder, sizeof folder, "%s", cwd) >= (int)sizeof folder || folder[0] != '/')
@@ -248,6 +248,17 @@ static int walk(int root, const char *cwd, char *dot_git, char *first, int *ance
                 return 1;
             }
         }
+        /* A standing claim (gitrepo.h): a folder git would take for a repository itself, as
+         * the server's check looks (gate/gitrepo.py), is the sandbox's to write. */
+        if (!found && standing && w &&
+            fstatat(dir, "HEAD", &st, AT_SYMLINK_NOFOLLOW) == 0) {
+            snprintf(dot_git, PATH_MAX, "%s", folder);
+            for (char *p = dot_git; *p; p++)
+                if ((unsigned char)*p < 0x20 || *p == 0x7f)
+                    *p = '?';
+            close(dir);
+            return 1;
+        }
         close(dir);
         if (!strcmp(folder, "/"))
             return 0;
@@ -265,7 +276,8 @@ static int alive(int pidfd)
     return pidfd < 0 || syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0;
 }
 
-enum gr_outcome gr_examine_claim(int sock, pid_t peer, const char *cwd, struct gr_found *out)
+enum gr_outcome gr_examine_claim(int sock, pid_t peer, const char *cwd, struct gr_found *out,
+                                 int standing)
 {
     char path[64];
     struct stat mine, theirs;
@@ -281,7 +293,7 @@ enum gr_outcome gr_examine_claim(int sock, pid_t peer, const char *cwd, struct g
     int root = -1;
     if (stat("/proc/self/ns/mnt", &mine) < 0 || stat(path, &theirs) < 0)
         goto done;
-    if (mine.st_dev == theirs.st_dev && mine.st_ino == theirs.st_ino) {
+    if (!standing && mine.st_dev == theirs.st_dev && mine.st_ino == theirs.st_ino) {
         if (alive(pidfd)) /* (not another process that got its pid meanwhile) */
             outcome = GR_AS_IS; /* not in a sandbox */
         goto done;
@@ -293,7 +305,7 @@ enum gr_outcome gr_examine_claim(int sock, pid_t peer, const char *cwd, struct g
     char first[PATH_MAX];
     int ancestors_writable = 0, cwd_writable = 1, cwd_repository = 0;
     int r = walk(root, cwd, out->dot_git, first, &ancestors_writable, &cwd_writable,
-                 &cwd_repository);
+                 &cwd_repository, standing);
     if (r != 0) {
         if (r < 0)
             out->dot_git[0] = '\0';

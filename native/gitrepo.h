@@ -52,13 +52,18 @@ void gr_remember_carveouts(const struct sb_config *c);
  * may have made a `.git`), used instead of gr_remember_carveouts. 0, or -1 when malformed. */
 int gr_known_carveouts(const char *list);
 
-/* Judge the claim on connected claim socket `sock` from process `peer` (SO_PEERCRED), whose
+/* `standing`: a standing claim (protocol §4), which the server did not look at: at least what its
+ * check (gate/gitrepo.py) would refuse is GR_WRITABLE — the claimer is examined in any mount
+ * namespace, and a folder on git's way that it can write and that holds a HEAD (git could take
+ * it for a repository) counts as a writable repository.
+ * Judge the claim on connected claim socket `sock` from process `peer` (SO_PEERCRED), whose
  * program would start in `cwd` (absolute, as the asking process saw it). A claimer in the
  * launcher's own mount namespace (an escalated program, a session without sandbox) is GR_AS_IS,
  * as the server does not check escalated callers either. A claimer that is gone or was replaced
  * by another process during the check (its pidfd, SO_PEERPIDFD, says so), or whose root or
  * paths cannot be examined, is GR_WRITABLE (fail closed). */
-enum gr_outcome gr_examine_claim(int sock, pid_t peer, const char *cwd, struct gr_found *out);
+enum gr_outcome gr_examine_claim(int sock, pid_t peer, const char *cwd, struct gr_found *out,
+                                 int standing);
 
 /* A copy of envp (the vector only: the strings stay envp's and found's) without GIT_DIR,
  * GIT_WORK_TREE, GIT_CEILING_DIRECTORIES and GIT_DISCOVERY_ACROSS_FILESYSTEM, with the pin

@@ -155,6 +155,11 @@ static int claim_here(void)
 
 static int exec_run(void *ctx, const struct eg_plan *plan)
 {
+    if (plan->how == EG_HOW_STANDING) {
+        if (claim_here())
+            eg_claim_standing(plan->path, plan->fd, plan->argv, plan->envp, plan->argv);
+        return 0; /* a miss: ask the server */
+    }
     if (plan->how == EG_HOW_CLAIM && claim_here())
         eg_claim(plan->ticket, plan->envp, plan->argv, 1);
     return eg_exec_plan(plan);
@@ -166,6 +171,7 @@ static int exec_call(struct eg_call *c)
         errno = EFAULT;
         return -1;
     }
+    c->standing = 1; /* exec_run claims a standing authorization when it may (claim_here) */
     int r = eg_gate(c, exec_run, NULL);
     errno = r ? r : EINVAL;
     return -1;

@@ -76,6 +76,8 @@
 #define MAX_SIGNAL_FRAME 256 /* frames after the claim are `signal` frames: small */
 #define MAX_TICKET 255
 #define MAX_TICKETS 256 /* outstanding authorizations; the oldest goes first */
+#define MAX_STANDING 64 /* standing authorizations; the oldest goes first */
+#define MAX_STANDING_BYTES (4u << 20) /* ... and their messages together, at most */
 
 static const int IGNORED_SIGNALS[] = {SIGINT, SIGQUIT, SIGTSTP, SIGTTIN, SIGTTOU, SIGHUP, SIGPIPE};
 
@@ -123,6 +125,13 @@ struct ticket {
     long long expires;        /* now_ms() deadline */
     int fd;                   /* the judged program (close-on-exec): what a claim executes */
     int confined;             /* `authorize-confined`: the claim runs it inside the sandbox */
+    size_t memlen;            /* the message's size (standing authorizations) */
+    /* A standing authorization (control message `standing`): what the server judged, each
+     * compared with what the launcher derives itself at every standing claim (§4). */
+    const char *realpath;     /* the judged descriptor's canonical path */
+    size_t argc;
+    long long dev, ino, ctime_ns, mtime_ns, size, mode, nlink; /* the server's fstat */
+    long long standin_dev, standin_ino; /* the stand-in the request came through (§5) */
 };
 
 static struct sb_config g_sandbox;
@@ -143,6 +152,10 @@ static size_t g_unfinished_bytes; /* the capacity of their buffers */
 static struct conn *g_dead;   /* released this round, freed at the top of the next */
 static struct ticket *g_tickets;
 static size_t g_ntickets;     /* at most MAX_TICKETS: each holds a descriptor */
+static struct ticket *g_standing; /* standing authorizations, newest first */
+static size_t g_nstanding;    /* at most MAX_STANDING: each holds a descriptor */
+static size_t g_standing_bytes; /* their messages' sizes, at most MAX_STANDING_BYTES */
+static int g_watch = -1;      /* the server's folder watch (inotify): pending events = revoked */
 static long long g_accept_paused; /* now_ms() until which the claim socket is not polled */
 static int g_last_ended;      /* a `last` spawn was reaped: exit once no child is left */
 static int g_reset[NSIG];     /* signals not at their default disposition here: reset in children */
@@ -942,6 +955,86 @@ static int handle_authorize(struct eg_fields *f, char *payload, int fd, int conf
     return 0;
 }
 
+/* Every standing authorization goes (control message `revoke`, or the server is gone). */
+static void revoke_standing(void)
+{
+    while (g_standing) {
+        struct ticket *t = g_standing;
+        g_standing = t->next;
+        free_ticket(t);
+    }
+    g_nstanding = 0;
+    g_standing_bytes = 0;
+}
+
+/* EG1 · standing · ID · TOKEN · DISPLAY · PATH · REALPATH · CWD · DEV · INO · CTIME_NS ·
+ *       MTIME_NS · SIZE · MODE · NLINK · STANDIN_DEV · STANDIN_INO · ARGC · ARGV… ·
+ *       DROPC · NAME… · PREFIXC · PREFIX… ·
+ *       KEEPC · ENTRY… · SETC · ENTRY…   + the program's fd, then the server's folder watch
+ * Takes ownership of payload and both fds. 0 or -EPROTO. */
+static int handle_standing(struct eg_fields *f, char *payload, size_t len, int fd, int watch)
+{
+    struct ticket *t = len <= MAX_STANDING_BYTES ? calloc(1, sizeof *t) : NULL;
+    if (!t) {
+        free(payload);
+        close(fd);
+        close(watch);
+        return 0; /* not kept: its claims ask the server */
+    }
+    t->mem = payload;
+    t->memlen = len;
+    t->fd = fd;
+    size_t idlen;
+    if (!(t->id = eg_next(f, &idlen)) || !(t->token = eg_next(f, NULL)) ||
+        !(t->display = eg_next(f, NULL)) || !(t->path = eg_next(f, NULL)) ||
+        !(t->realpath = eg_next(f, NULL)) || !(t->cwd = eg_next(f, NULL)) ||
+        eg_next_long(f, &t->dev) < 0 || eg_next_long(f, &t->ino) < 0 ||
+        eg_next_long(f, &t->ctime_ns) < 0 || eg_next_long(f, &t->mtime_ns) < 0 ||
+        eg_next_long(f, &t->size) < 0 || eg_next_long(f, &t->mode) < 0 ||
+        eg_next_long(f, &t->nlink) < 0 || eg_next_long(f, &t->standin_dev) < 0 ||
+        eg_next_long(f, &t->standin_ino) < 0 || !(t->argv = counted(f)) ||
+        !(t->drop = counted(f)) ||
+        !(t->prefix = counted(f)) || !(t->keep = counted(f)) || !(t->set = counted(f)) ||
+        !eg_fields_done(f) || idlen == 0 || idlen > MAX_TICKET || t->path[0] != '/' ||
+        t->cwd[0] != '/' || t->realpath[0] != '/' || !t->argv[0] || !t->standin_ino) {
+        free_ticket(t);
+        close(watch);
+        return -EPROTO;
+    }
+    for (char **e = t->set; *e; e++)
+        if (!strchr(*e, '=')) {
+            free_ticket(t);
+            close(watch);
+            return -EPROTO;
+        }
+    while (t->argv[t->argc])
+        t->argc++;
+    struct stat st;
+    if (fstat(t->fd, &st) < 0 || !S_ISREG(st.st_mode) || fstat(watch, &st) < 0) {
+        free_ticket(t);
+        close(watch);
+        return -EPROTO;
+    }
+    if (g_watch >= 0)
+        close(g_watch);
+    g_watch = watch;
+    while (g_standing && (g_nstanding >= MAX_STANDING ||
+                          g_standing_bytes + len > MAX_STANDING_BYTES)) { /* the oldest goes */
+        struct ticket **pp = &g_standing;
+        while ((*pp)->next)
+            pp = &(*pp)->next;
+        g_standing_bytes -= (*pp)->memlen;
+        free_ticket(*pp);
+        *pp = NULL;
+        g_nstanding--;
+    }
+    t->next = g_standing;
+    g_standing = t;
+    g_nstanding++;
+    g_standing_bytes += len;
+    return 0;
+}
+
 /* The escalated program's environment: the claimer's, through the ticket's rules (§7):
  * entries without '=' and names in DROP go; names with a PREFIX go unless the entry is one of
  * KEEP; names SET assigns go; the last value of a repeated name wins, at its first place; then
@@ -1154,7 +1247,7 @@ static void drain_control(void)
 static int pin_repository(struct conn *c, const struct ticket *t, char ***envp,
                           struct gr_found *repo)
 {
-    switch (gr_examine_claim(c->fd, c->peer, t->cwd, repo)) {
+    switch (gr_examine_claim(c->fd, c->peer, t->cwd, repo, t->realpath != NULL)) {
     case GR_AS_IS:
         return 1;
     case GR_PIN: {
@@ -1178,6 +1271,249 @@ static int pin_repository(struct conn *c, const struct ticket *t, char ***envp,
     return 0;
 }
 
+/* -- standing claims (protocol §4 "Standing claims") ----------------------------------------- */
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+
+#ifndef SYS_pidfd_send_signal
+#define SYS_pidfd_send_signal 424
+#endif
+
+/* EG1 · KIND: a standing claim's first answer, `go` (its program started) or `miss`. */
+static void conn_send_kind(struct conn *c, const char *kind)
+{
+    char mem[64];
+    struct eg_buf b;
+    eg_buf_init(&b, mem, sizeof mem);
+    eg_put(&b, EG_TAG);
+    eg_put(&b, kind);
+    (void)eg_send_frame(c->fd, &b, NULL, 0);
+}
+
+/* Not a standing hit: the claimer asks the server as usual (it still holds everything). */
+static void conn_miss(struct conn *c)
+{
+    conn_send_kind(c, "miss");
+    conn_close(c);
+}
+
+/* envp with the repository pinned (gitrepo.h); envp is freed. NULL: out of memory. */
+static char **pin_standing(char **envp, struct gr_found *repo)
+{
+    char **pinned = gr_pin_env(envp, repo);
+    free(envp);
+    return pinned;
+}
+
+/* The standing authorization the claim names: token, PATH and argv byte-equal. */
+static struct ticket *find_standing(const char *token, const char *path, char **argv,
+                                    size_t argc)
+{
+    for (struct ticket *t = g_standing; t; t = t->next) {
+        if (t->argc != argc || strcmp(t->path, path) || strcmp(t->token, token))
+            continue;
+        size_t i = 0;
+        while (i < argc && !strcmp(t->argv[i], argv[i]))
+            i++;
+        if (i == argc)
+            return t;
+    }
+    return NULL;
+}
+
+static long long ns_of(const struct timespec *ts)
+{
+    return (long long)ts->tv_sec * 1000000000LL + ts->tv_nsec;
+}
+
+/* Every fact the server judged, derived again here, now, from the claimer and the file
+ * (never from what the claimer says): the descriptor it attached is the judged file
+ * (dev, ino) and that file did not change since the server looked at it (ctime, which every
+ * change of content, mode, owner, links or extended attributes moves, and the rest of the
+ * fstat); the descriptor's canonical path; PATH names that file (or is that path), as the
+ * server's vouched() derives it; the claimer's working directory (/proc, the claimer's
+ * pidfd alive afterwards). 1: all equal. */
+static int standing_holds(const struct ticket *t, struct conn *c, int prog)
+{
+    struct stat mine, theirs;
+    /* The claimer's descriptor must be the very stand-in the request came through (§5), and
+     * the file judged is the program it covers, opened by its path, as the server does. */
+    if (fstat(prog, &theirs) < 0 || (long long)theirs.st_dev != t->standin_dev ||
+        (long long)theirs.st_ino != t->standin_ino)
+        return 0;
+    int judged = open(t->realpath, O_PATH | O_CLOEXEC);
+    if (judged < 0)
+        return 0;
+    int r = fstat(judged, &theirs);
+    char link[64], real[PATH_MAX + 1];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", judged);
+    ssize_t n = r < 0 ? -1 : readlink(link, real, sizeof real - 1);
+    close(judged);
+    if (n <= 0)
+        return 0;
+    real[n] = '\0';
+    if (strcmp(real, t->realpath))
+        return 0;
+    if (fstat(t->fd, &mine) < 0 || !S_ISREG(theirs.st_mode) ||
+        theirs.st_dev != mine.st_dev || theirs.st_ino != mine.st_ino ||
+        (long long)mine.st_dev != t->dev || (long long)mine.st_ino != t->ino ||
+        ns_of(&mine.st_ctim) != t->ctime_ns || ns_of(&mine.st_mtim) != t->mtime_ns ||
+        (long long)mine.st_size != t->size || (long long)mine.st_mode != t->mode ||
+        (long long)mine.st_nlink != t->nlink)
+        return 0;
+    if (strcmp(t->path, t->realpath)) {
+        struct stat named;
+        if (stat(t->path, &named) < 0 || named.st_dev != mine.st_dev ||
+            named.st_ino != mine.st_ino)
+            return 0;
+    }
+    int pidfd = -1;
+    socklen_t len = sizeof pidfd;
+    if (getsockopt(c->fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) < 0)
+        pidfd = -1;
+    char cwd[PATH_MAX + 1];
+    snprintf(link, sizeof link, "/proc/%d/cwd", (int)c->peer);
+    n = readlink(link, cwd, sizeof cwd - 1);
+    int same = n > 0;
+    if (same) {
+        cwd[n] = '\0';
+        same = !strcmp(cwd, t->cwd);
+    }
+    /* the cwd read was the claimer's only if it still runs (its pid was not reused) */
+    if (same && pidfd >= 0)
+        same = syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0;
+    else if (pidfd < 0)
+        same = 0; /* no pidfd (Linux < 6.5): no standing claims */
+    if (pidfd >= 0)
+        close(pidfd);
+    return same;
+}
+
+/* EG1 · standing · TOKEN · PATH · ARGC · ARGV… · NFDS · FD… · ENVC · ENV…
+ *   (+ the NFDS descriptors, then the program's)
+ * Answers `miss` unless a standing authorization holds for every fact (standing_holds, the
+ * repository at the claim); then reports the claim to the server, answers `go` and runs the
+ * launcher's own descriptor of the judged file, as a claim of a ticket does. */
+static void handle_standing_claim(struct conn *c, struct eg_fields *f)
+{
+    const char *token, *path;
+    long long argc, n;
+    int dst[EG_MAX_FDS];
+    if (!(token = eg_next(f, NULL)) || !(path = eg_next(f, NULL)) ||
+        eg_next_long(f, &argc) < 0 || argc < 1 || argc > (long long)EG_MAX_PAYLOAD) {
+        conn_close(c);
+        return;
+    }
+    char **argv = calloc((size_t)argc + 1, sizeof *argv);
+    if (!argv) {
+        conn_close(c);
+        return;
+    }
+    for (long long i = 0; i < argc; i++)
+        if (!(argv[i] = (char *)eg_next(f, NULL))) {
+            free(argv);
+            conn_close(c);
+            return;
+        }
+    if (eg_next_long(f, &n) < 0 || n < 0 || n >= EG_MAX_FDS || n + 1 != c->nfds) {
+        free(argv);
+        conn_close(c);
+        return;
+    }
+    for (long long i = 0; i < n; i++) {
+        long long d;
+        if (eg_next_long(f, &d) < 0 || d < 0 || d > INT_MAX - 1) {
+            free(argv);
+            conn_close(c);
+            return;
+        }
+        dst[i] = (int)d;
+        for (long long j = 0; j < i; j++)
+            if (dst[j] == dst[i]) {
+                free(argv);
+                conn_close(c);
+                return;
+            }
+    }
+    char **env = counted(f);
+    if (!env || !eg_fields_done(f)) {
+        free(env);
+        free(argv);
+        conn_close(c);
+        return;
+    }
+    /* Revoked since? The server writes `revoke` before it reads a change from its folder
+     * watch, so: a change still queued there, or a `revoke` pending on the control channel
+     * (read after the watch, in this order), and this claim is a miss. */
+    int queued = 1;
+    if (g_watch >= 0 && ioctl(g_watch, FIONREAD, &queued) < 0)
+        queued = 1;
+    if (!queued)
+        drain_control();
+    struct ticket *t = NULL;
+    if (!queued && g_control >= 0 && g_report)
+        t = find_standing(token, path, argv, (size_t)argc);
+    int prog = c->fds[c->nfds - 1];
+    char **envp = NULL;
+    struct gr_found repo;
+    enum gr_outcome where = GR_WRITABLE;
+    if (t && standing_holds(t, c, prog))
+        where = gr_examine_claim(c->fd, c->peer, t->cwd, &repo, 1);
+    if (where == GR_WRITABLE || !(envp = apply_env(t, env)) ||
+        (where == GR_PIN && !(envp = pin_standing(envp, &repo)))) {
+        free(envp);
+        free(env);
+        free(argv);
+        conn_miss(c);
+        return;
+    }
+    /* Reported before it runs: the server logs every escalation; when it cannot be told,
+     * nothing runs and no standing claim is taken any more. */
+    char mem[MAX_TICKET + 128];
+    struct eg_buf b;
+    eg_buf_init(&b, mem, sizeof mem);
+    eg_put(&b, EG_TAG);
+    eg_put(&b, "stood");
+    eg_put(&b, t->id);
+    eg_put_long(&b, c->peer);
+    send_event(&b);
+    if (!g_report || !(c->display = strdup(t->display))) {
+        revoke_standing();
+        free(envp);
+        free(env);
+        free(argv);
+        conn_miss(c);
+        return;
+    }
+    close(prog);
+    c->nfds--;
+    conn_send_kind(c, "go");
+    pid_t pgid = getpgid(c->peer);
+    struct spawn s = {.pgid = pgid > 0 ? pgid : 0, .cwd = t->cwd, .path = t->realpath,
+                      .execfd = t->fd, .nfds = c->nfds, .dst = dst, .argv = t->argv,
+                      .envp = envp};
+    struct proc p = {.id = -1, .state = P_PENDING, .pgid = -1, .conn = c};
+    struct failure failure;
+    int r = start_child_vfork(&s, c->fds, &p, &failure);
+    for (int i = 0; i < c->nfds; i++)
+        close(c->fds[i]);
+    c->nfds = 0;
+    if (r < 0) {
+        conn_deny(c, "execgate: cannot run ", t->display, ": cannot start it: ", strerror(-r));
+    } else {
+        c->pid = p.pid;
+        if (p.state == P_FAILED)
+            claim_failed(c, failure.msg);
+        else
+            claim_running(c);
+    }
+    free(envp);
+    free(env);
+    free(argv);
+}
+
 /* EG1 · claim · TOKEN · TICKET · NFDS · FD… · ENVC · ENV…   (+ the NFDS descriptors)
  * Answers deny, or spawns the program (its end is answered by claim_ended). */
 static void handle_claim(struct conn *c, char *payload, size_t len)
@@ -1187,6 +1523,10 @@ static void handle_claim(struct conn *c, char *payload, size_t len)
     const char *tag = eg_next(&f, NULL), *kind = eg_next(&f, NULL), *token, *id;
     long long n;
     int dst[EG_MAX_FDS];
+    if (tag && kind && !strcmp(tag, EG_TAG) && !strcmp(kind, "standing") && !c->bad) {
+        handle_standing_claim(c, &f);
+        return;
+    }
     if (!tag || !kind || strcmp(tag, EG_TAG) || strcmp(kind, "claim") || c->bad ||
         !(token = eg_next(&f, NULL)) || !(id = eg_next(&f, NULL)) || eg_next_long(&f, &n) < 0 ||
         n < 0 || n > EG_MAX_FDS) {
@@ -1472,6 +1812,13 @@ static int handle_message(char **payload, size_t len, int *fds, int nfds, long l
         int confined = kind[9] != '\0';
         r = handle_authorize(&f, kept, fds[0], confined) < 0 ? -EPROTO : 1;
         fds[0] = -1; /* the ticket's now (or closed) */
+    } else if (!strcmp(kind, "standing")) {
+        if (nfds != 2)
+            return -EPROTO;
+        char *kept = *payload;
+        *payload = NULL;
+        r = handle_standing(&f, kept, len, fds[0], fds[1]) < 0 ? -EPROTO : 1;
+        fds[0] = fds[1] = -1;
     } else if (nfds)
         r = -EPROTO;
     else if (!strcmp(kind, "signal")) {
@@ -1485,6 +1832,11 @@ static int handle_message(char **payload, size_t len, int *fds, int nfds, long l
             if (p && p->state != P_FAILED)
                 kill(p->pid, (int)sig);
         }
+    } else if (!strcmp(kind, "revoke")) {
+        if (!eg_fields_done(&f))
+            r = -EPROTO;
+        else
+            revoke_standing();
     } else if (!strcmp(kind, "shutdown")) {
         long long ms;
         if (eg_next_long(&f, &ms) < 0 || !eg_fields_done(&f) || ms < 0)

@@ -34,22 +34,32 @@ def log_records(world: World) -> list[dict[str, Any]]:
 
 
 def start(
-    world: World, *command: str, env: dict[str, str] | None = None
+    world: World,
+    *command: str,
+    env: dict[str, str] | None = None,
+    options: tuple[str, ...] = (),
+    cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [*EXECGATE, "run", "--", *command],
+        [*EXECGATE, "run", *options, "--", *command],
         env=world.env(env),
-        cwd=world.work,
+        cwd=cwd or world.work,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
 
 
-def run(world: World, *command: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+def run(
+    world: World,
+    *command: str,
+    env: dict[str, str] | None = None,
+    options: tuple[str, ...] = (),
+    cwd: Path | None = None,
+) -> tuple[int, str, str]:
     """The command's status, stderr, and which path ran it (``fast``/``slow``)."""
     before = len(log_records(world))
-    process = start(world, *command, env=env)
+    process = start(world, *command, env=env, options=options, cwd=cwd)
     _, err = process.communicate(timeout=60)
     first = log_records(world)[before]
     path = (
@@ -244,14 +254,17 @@ def test_the_launcher_killed_leaves_nothing_behind(warm: World) -> None:
     assert not folder_of(socket_path).exists()
 
 
-def test_the_plan_lists_every_file_the_opening_touched(world: World, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sandbox", ["off", "workspace-write"])
+def test_the_plan_lists_every_file_the_opening_touched(
+    world: World, tmp_path: Path, sandbox: str
+) -> None:
     """The slow path's opening under strace: every path it looked at below HOME,
     EXECGATE_HOME, CODEX_HOME and the working directory is an input of the plan (or one of
     the exceptions: what the session writes, the plan itself, the logs, the policy cache)."""
     trace = tmp_path / "trace"
     done = subprocess.run(
         ["strace", "-f", "-qq", "-e", "trace=%file", "-o", str(trace),
-         *EXECGATE, "run", "--", "dash", "-c", "true"],
+         *EXECGATE, "run", "--sandbox", sandbox, "--", "dash", "-c", "true"],
         env=world.env(SLOW),
         cwd=world.work,
         capture_output=True,
@@ -262,7 +275,7 @@ def test_the_plan_lists_every_file_the_opening_touched(world: World, tmp_path: P
     listed = set()
     for line in plan.read_text().splitlines():
         kind, _, rest = line.partition(" ")
-        if kind in ("file", "absent"):
+        if kind in ("file", "absent", "dir"):
             listed.add(runplan.unescape(rest.split(" ")[0]))
     roots = [str(world.home), str(world.execgate_home), str(world.codex_home), str(world.work)]
     exceptions = [
@@ -282,7 +295,11 @@ def test_the_plan_lists_every_file_the_opening_touched(world: World, tmp_path: P
         ):
             touched.add(os.path.normpath(path))
     assert touched, "strace saw nothing"
-    assert sorted(touched - listed - set(roots)) == []
+    # a folder made on the way to a listed one (`mkdir -p`): the listed one's identity holds it
+    implied = {os.path.dirname(p) for p in listed}
+    while implied != (more := implied | {os.path.dirname(p) for p in implied}):
+        implied = more
+    assert sorted(touched - listed - implied - set(roots)) == [], sorted(touched - listed)
 
 
 def test_the_server_ends_a_session_whose_plan_it_does_not_compute(warm: World) -> None:
@@ -354,3 +371,111 @@ def test_the_first_process_carries_the_gate(warm: World) -> None:
     first, second = log_records(warm)[-2:]
     assert first["session"] == second["session"]
     assert (second["program"], second["decision"]) == ("/usr/bin/cat", "deny")
+
+
+# -- sandboxed runs --------------------------------------------------------------------------
+
+WW = ("--sandbox", "workspace-write")
+# the launcher's parent: the front (fast) or the Python server itself (slow)
+FRONT_PARENT = 'F=$(cut -d" " -f4 /proc/$PPID/stat); echo "parent $(cat /proc/$F/comm)"; '
+
+
+@pytest.fixture
+def warm_ww(world: World) -> World:
+    """A world whose workspace-write plan was written by one slow run."""
+    status, err, path = run(world, "dash", "-c", "true", options=WW)
+    assert (status, path) == (0, "slow"), err
+    (plan,) = plan_files(world)
+    assert "launch-carveouts" in plan.read_text()
+    return world
+
+
+def test_a_sandboxed_run_starts_fast_confined_as_the_slow_path(warm_ww: World) -> None:
+    """workspace-write from a plan: the same decisions, records and exits as the slow path,
+    and the same sandbox: the work folder writable, execgate's home and the session folder
+    not, a program a rule names (git: the default rules name it) covered by its stand-in."""
+    witness = warm_ww.execgate_home / "witness"
+    script = (
+        f"touch made && echo made; touch {witness} || echo home-read-only; "
+        'S=$(dirname "$EXECGATE_SOCKET"); (: >"$S/standins.table") 2>/dev/null || echo session-ro; '
+        "git --version >/dev/null && echo git-ran; exit 4"
+    )
+    statuses = []
+    for command in [("dash", "-c", script), ("dash", "-c", "kill -TERM $$")]:
+        fast_status, fast_err, fast = run(warm_ww, *command, options=WW)
+        statuses.append(fast_status)
+        fast_records = log_records(warm_ww)
+        slow_status, slow_err, slow = run(warm_ww, *command, options=WW, env=SLOW)
+        slow_records = log_records(warm_ww)[len(fast_records) :]
+        assert (fast, slow) == ("fast", "slow"), (fast_err, slow_err)
+        assert (fast_status, fast_err) == (slow_status, slow_err)
+        session = fast_records[-1]["session"]
+        fast_records = [r for r in fast_records if r["session"] == session]
+        strip = [{k: v for k, v in r.items() if k not in VARYING} for r in fast_records]
+        assert strip == [{k: v for k, v in r.items() if k not in VARYING} for r in slow_records]
+    assert statuses == [4, -signal.SIGTERM] and not witness.exists()
+    process = start(warm_ww, "dash", "-c", FRONT_PARENT + script, options=WW)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 4, err
+    assert out.decode().split("\n")[:5] == [
+        "parent execgate-run", "made", "home-read-only", "session-ro", "git-ran"
+    ]  # fmt: skip
+
+
+def test_a_sandboxed_plan_goes_stale_with_what_its_sandbox_was_made_from(
+    warm_ww: World, tmp_path: Path
+) -> None:
+    """What the sandbox is made from changed since the plan: the temporary folder (a
+    writable root), a configured writable root, the link it is configured as, retargeted, a
+    `.git` made in the work folder. The slow
+    path starts the run, with the sandbox as it is now; the next run is fast again."""
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    config = warm_ww.execgate_home / "config.toml"
+    extra, other, link = tmp_path / "extra", tmp_path / "other", tmp_path / "link"
+    extra.mkdir()
+    other.mkdir()
+    link.symlink_to(extra)
+    probe = f"touch {tmpdir}/w && echo tmpdir; touch {extra}/w && echo extra; "
+    probe += f"touch {other}/w && echo other; touch .git/x && echo git-writable; true"
+
+    def retarget() -> None:
+        link.unlink()
+        link.symlink_to(other)
+
+    changes = [
+        ("TMPDIR", {"TMPDIR": str(tmpdir)}, lambda: None, "tmpdir"),
+        ("config", {}, lambda: config.write_text(f'[sandbox]\nwritable_roots = ["{link}"]\n'),
+         "extra"),
+        ("configured link", {}, retarget, "other"),
+        (".git", {}, lambda: (warm_ww.work / ".git").mkdir(), None),
+    ]  # fmt: skip
+    env: dict[str, str] = {}
+    for name, more, change, writable in changes:
+        assert run(warm_ww, "dash", "-c", "true", options=WW, env=env)[2] == "fast", name
+        env.update(more)
+        change()
+        for expected in ("slow", "fast"):
+            process = start(warm_ww, "dash", "-c", probe, options=WW, env=env)
+            out, err = process.communicate(timeout=60)
+            assert process.returncode == 0, (name, err)
+            first = [r for r in log_records(warm_ww) if r["argv"][-1:] == [probe]][-1]
+            path = "fast" if first["ppid"] == process.pid else "slow"
+            assert path == expected, (name, err)
+            said = out.decode().split()
+            assert "git-writable" not in said, name
+            if writable:
+                assert writable in said, (name, said, err)
+
+
+def test_a_plan_for_another_working_directory_is_not_followed(warm_ww: World) -> None:
+    """The plan's name is an index: a plan made for one folder, put where another folder's
+    plan would be, is not followed there (the writable root would be the first folder)."""
+    (plan,) = plan_files(warm_ww)
+    other = warm_ww.work.parent / "other"
+    other.mkdir()
+    key = runplan.plan_key(os.getuid(), str(other), list(WW))
+    plan.rename(plan.with_name(key))
+    status, err, path = run(warm_ww, "dash", "-c", "touch made", options=WW, cwd=other)
+    assert (status, path) == (0, "slow"), err
+    assert (other / "made").exists()

@@ -223,6 +223,7 @@ class GateServer:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(self.sock_path))
         self.listener.listen(128)
+        self.standing_claims = 0  # standing claims seen (each answered `miss`)
         self.claim_listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.claim_listener.bind(str(self.claim_path))
         self.claim_listener.listen(128)
@@ -327,6 +328,12 @@ class GateServer:
                     self._exec(conn, req)
                 elif fields[0] == b"claim" and claims:
                     self._claim(conn, P.parse_claim(fields), fds)
+                elif fields[0] == b"standing" and claims:
+                    # This server authorizes nothing standing: every such claim asks (§4).
+                    self.standing_claims += 1
+                    for fd in fds:
+                        os.close(fd)
+                    conn.sendall(P.encode("miss"))
                 else:
                     for fd in fds:
                         os.close(fd)

@@ -64,10 +64,16 @@ WHICH = (
 
 
 def _gated(
-    attacker: Any, script: str, *, options: tuple[str, ...] = (), env: dict[str, str] | None = None
+    attacker: Any,
+    script: str,
+    *,
+    options: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    sandbox: str = "off",
 ) -> subprocess.CompletedProcess[bytes]:
-    """``execgate run OPTIONS --sandbox off -- dash -c SCRIPT`` as the attacker, in its work."""
-    argv = [sys.executable, "-m", "execgate", "run", *options, "--sandbox", "off",
+    """``execgate run OPTIONS --sandbox SANDBOX -- dash -c SCRIPT`` as the attacker, in its
+    work."""
+    argv = [sys.executable, "-m", "execgate", "run", *options, "--sandbox", sandbox,
             "--", "dash", "-c", script]  # fmt: skip
     full_env = {**attacker.env, **(env or {})}
     if attacker.user is not None:
@@ -75,10 +81,10 @@ def _gated(
     return subprocess.run(argv, env=full_env, cwd=attacker.work, capture_output=True, timeout=60)
 
 
-def _warm(attacker: Any, options: tuple[str, ...] = ()) -> Path:
+def _warm(attacker: Any, options: tuple[str, ...] = (), sandbox: str = "off") -> Path:
     """Slow runs until the front starts one from the plan written for these options; the plan."""
     for _ in range(3):
-        done = _gated(attacker, WHICH, options=options)
+        done = _gated(attacker, WHICH, options=options, sandbox=sandbox)
         assert done.returncode == 0, done
         if b"front" in done.stdout:
             (plan,) = [p for p in _plans(attacker) if p.stat().st_mtime_ns == _newest(attacker)]
@@ -179,18 +185,110 @@ def _stale_cases(
 
 
 @needs_front
-def test_a_stale_plan_never_lets_a_newly_forbidden_program_run(attacker: Any) -> None:
+@pytest.mark.parametrize("sandbox", ["off", "workspace-write"])
+def test_a_stale_plan_never_lets_a_newly_forbidden_program_run(attacker: Any, sandbox: str) -> None:
     """For each way the inputs can change after the plan was written, the next run's command
     runs `marker` at once (before the server could have checked anything): it must be denied,
-    by the slow path (the front noticed) or by the server."""
-    for name, options, env, change in _stale_cases(attacker):
-        _warm(attacker, options)  # (CODEX_HOME is set for the attack run only)
+    by the slow path (the front noticed) or by the server. In a sandbox the plan's stand-ins
+    do not cover `marker` either: the plan must not be followed at all."""
+    cases = _stale_cases(attacker)
+    if sandbox != "off":  # the same checks of the same lines: a new folder, times only
+        cases = [case for case in cases if case[0] in ("user rules folder", "same size")]
+    for name, options, env, change in cases:
+        _warm(attacker, options, sandbox)  # (CODEX_HOME is set for the attack run only)
         change()
         attacker.give(attacker.base)
-        done = _gated(attacker, 'marker; echo "marker $?"', options=options, env=env)
+        script = 'marker; echo "marker $?"'
+        done = _gated(attacker, script, options=options, env=env, sandbox=sandbox)
         text = done.stdout.decode()
         assert not attacker.ran(), (name, text, done.stderr)
         assert "marker 126" in text or done.returncode != 0, (name, text, done.stderr)
+
+
+# -- a sandboxed session started by the front -----------------------------------------------------
+
+# Executes `marker` with the raw execve syscall: no interposer sees it, only the kernel (which
+# finds the stand-in mounted over it, promise 23).
+RAW_EXECVE = (
+    "import ctypes, shutil; m = shutil.which('marker').encode(); "
+    "argv = (ctypes.c_char_p * 2)(m, None); "
+    "ctypes.CDLL(None).syscall(59, m, argv, None); print('raw execve failed')"
+)
+
+
+@needs_front
+def test_a_fast_started_sandbox_covers_rule_named_programs_and_guards_its_session(
+    attacker: Any,
+) -> None:
+    """In a workspace-write session the front started from a plan, the command attacks what
+    the front made before the server was up: it executes the forbidden `marker` with a raw
+    syscall (its stand-in must make the kernel ask), and tries to replace the stand-in table,
+    a stand-in, the snapshot file and the plan itself. Nothing of it works; the session goes on."""
+    options = ("--rules", str(attacker.rules))
+    plan = _warm(attacker, options, "workspace-write")
+    before = plan.read_bytes(), plan.stat().st_ino
+    script = (
+        WHICH
+        + f"""
+        S=$(dirname "$EXECGATE_SOCKET")
+        python3 -c "{RAW_EXECVE}"; echo "raw $?"
+        marker; echo "marker $?"
+        (: >"$S/standins.table") 2>/dev/null; echo "table $?"
+        (printf '#!/bin/sh\nexit 0\n' >"$S/standins/0") 2>/dev/null; echo "standin $?"
+        (: >"$S/policy.snap") 2>/dev/null; echo "snapshot $?"
+        mv -f "$S/standins" "$S/moved" 2>/dev/null; echo "move $?"
+        (: >{plan}) 2>/dev/null; echo "plan $?"
+        echo still working
+    """
+    )
+    done = _gated(attacker, script, options=options, sandbox="workspace-write")
+    text = done.stdout.decode()
+    assert "front" in text and "still working" in text, (text, done.stderr)
+    assert not attacker.ran(), (text, done.stderr)
+    assert "marker 126" in text, text
+    for what in ("table", "standin", "snapshot", "move", "plan"):
+        assert f"{what} 0" not in text, text
+    assert (plan.read_bytes(), plan.stat().st_ino) == before
+
+
+# What a sandbox-off session's process may do to the user's files (cooperative): rewrite the
+# workspace-write plan so the home folder is no longer read-only in that sandbox.
+UNGUARD_HOME = """
+import sys
+path, home = sys.argv[1:3]
+lines = open(path).read().split("\\n")
+at = lines.index("launch " + home)
+del lines[at - 1 : at + 1]
+open(path, "w").write("\\n".join(lines))
+"""
+
+
+@needs_front
+def test_a_forged_sandbox_plan_ends_the_session(attacker: Any) -> None:
+    """A sandbox-off session (which may write the user's files) rewrites the workspace-write
+    plan: execgate's home is no longer among the launcher's read-only paths. Every input still
+    holds, so the front follows it; the server's recompute (the launcher's own command line
+    against what it computes) ends the session before the command gets to write there, and
+    deletes the plan."""
+    options = ("--rules", str(attacker.rules))
+    xhome = attacker.base / "xhome"
+    witness = xhome / "witness"
+    (attacker.work / "unguard.py").write_text(UNGUARD_HOME)
+    attacker.give(attacker.work)
+    for _ in range(3):  # (a folder the plan names, shared with other tests, may be remade)
+        plan = _warm(attacker, options, "workspace-write")
+        done = _gated(attacker, f"python3 unguard.py {plan} {xhome}", options=options)
+        assert done.returncode == 0, done
+        assert f"launch {xhome}\n".encode() not in plan.read_bytes()
+        script = WHICH + f"sleep 30; touch {witness} && echo wrote"
+        done = _gated(attacker, script, options=options, sandbox="workspace-write")
+        assert b"wrote" not in done.stdout and not witness.exists(), done
+        if b"front" in done.stdout:
+            break
+    assert b"front" in done.stdout, done
+    assert done.returncode == 1, done
+    assert b"its start-up plan was stale (the launcher's options differ)" in done.stderr
+    assert not plan.exists()
 
 
 # The slow path reads the rules at its start and lists their identities in the plan when it

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -214,21 +216,30 @@ async def _serve_adopted(
     from execgate.gate.launcher import Launcher
     from execgate.gate.session import AdoptedParts
 
+    pid = _launcher_pid()
+    launched = _launcher_options(pid, start.plan.launcher)
+    if config.sandbox is not None and config.sandbox.confines:
+        # the protected names that existed when the front started, as it told the launcher
+        known = _known_carveouts(launched)
+        config = dataclasses.replace(
+            config, sandbox=dataclasses.replace(config.sandbox, known_carveouts=known)
+        )
     launcher, main = Launcher.adopt(
-        _launcher_pid(), socket.socket(fileno=start.control_fd), config.sandbox, main_id=1
+        pid, socket.socket(fileno=start.control_fd), config.sandbox, main_id=1
     )
     parts = AdoptedParts(
         dir=start.session_dir,
         token=start.token,
         escalated_token=start.escalated_token,
         listener=socket.socket(fileno=start.listen_fd),
-        snapshot_fd=start.snapshot_fd,
+        snapshot_fd=start.snapshot_fd if start.snapshot_fd >= 0 else None,
         launcher=launcher,
         main=main,
+        standins=start.plan.standins,
     )
     session = EscalationSession.adopt(config, caller, parts)
     try:
-        stale = _differs_from_plan(start, session, gate, log)
+        stale = _differs_from_plan(start, session, gate, log, launched)
         if stale is not None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the front waits for our status
             with contextlib.suppress(OSError):
@@ -268,12 +279,50 @@ def _launcher_pid() -> int:
     raise ExecgateError("the native front's launcher is gone")
 
 
+def _launcher_options(pid: int, launcher: str) -> list[str] | None:
+    """The sandbox options the front's launcher runs with (its command line after
+    ``--control N --claim-fd N --status-fd N``), read once it runs ``launcher``; None when
+    its command line is not the front's."""
+    deadline = time.monotonic() + 30  # it execs at once: a bound for a loaded machine
+    while True:
+        try:
+            running = os.readlink(f"/proc/{pid}/exe")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                words = [os.fsdecode(w) for w in f.read().split(b"\0")[:-1]]
+        except OSError:
+            return None
+        if running == launcher or time.monotonic() > deadline:
+            break
+        time.sleep(0.002)
+    front = ["--control", "--claim-fd", "--status-fd"]
+    if running != launcher or words[1:7:2] != front:
+        return None
+    return words[7:]
+
+
+def _known_carveouts(options: list[str] | None) -> tuple[tuple[int, int], ...]:
+    if options is None or "--known-carveouts" not in options[:-1]:
+        return ()  # (then the launcher's options differ from ours: the session ends)
+    listed = options[options.index("--known-carveouts") + 1]
+    found = []
+    for item in filter(None, listed.split(",")):
+        dev, _, ino = item.partition(":")
+        if not (dev.isdigit() and ino.isdigit()):
+            return ()
+        found.append((int(dev), int(ino)))
+    return tuple(found)
+
+
 def _differs_from_plan(
-    start: FrontStart, session: EscalationSession, gate: GatePolicy, log: tuple[str, int, int]
+    start: FrontStart,
+    session: EscalationSession,
+    gate: GatePolicy,
+    log: tuple[str, int, int],
+    launched: list[str] | None,
 ) -> str | None:
     """What differs between the plan the front followed and what this server computed
-    (None: nothing): the snapshot, the gate's native files, the sandbox, the decision log,
-    the first program's decision."""
+    (None: nothing): the snapshot, the gate's native files, the sandbox the launcher enforces
+    (its command line), the stand-ins, the decision log, the first program's decision."""
     from execgate.gate.escalation import Verdict
     from execgate.gate.session import describe_exec, resolve_command
 
@@ -289,13 +338,31 @@ def _differs_from_plan(
         return "the native files differ"
     if gate.live.fail_closed_reason:
         return "the policy fails closed"
-    if session.sandbox_text != plan.sandbox or session.confined:
+    if session.sandbox_text != plan.sandbox:
         return "the sandbox differs"
     if log != (plan.log, plan.log_max_bytes, plan.log_keep):
         return "the decision log differs"  # (the front wrote the first record there)
-    launch = session.launcher.sandbox.launcher_args() if session.launcher.sandbox else []
-    if launch != plan.launch_options:
+    try:
+        spec = session.confinement()
+    except ExecgateError as exc:  # (a writable root in a state folder, …: refused now)
+        return str(exc)
+    session.launcher.sandbox = spec
+    launch = spec.launcher_args() if spec else []
+    carveouts = launch[launch.index("--known-carveouts") + 1] if spec and spec.confines else ""
+    if launch != launched or launch != runplan.fill_in(plan, session.dir, carveouts):
         return "the launcher's options differ"
+    if spec is not None and spec.confines:
+        from execgate.sandbox import require_support
+
+        try:
+            require_support(spec)
+        except ExecgateError as exc:
+            return str(exc)
+        if spec.strict_exec or session.proxied:
+            return "the sandbox is one a plan does not cover"
+    covered = session.standins.programs if session.standins else []
+    if covered != (gate.live.rule_named if session.confined else []):
+        return "the stand-ins differ"
     path = os.environ.get("PATH", os.defpath)
     program = resolve_command(start.command[0], cwd=start.cwd, path=path)
     if program != start.program:
@@ -325,7 +392,7 @@ def _planned_log(config: Config) -> tuple[str, int, int]:
 _PLANNED_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "--rules": None,
     "-r": None,
-    "--sandbox": ("off",),
+    "--sandbox": ("off", "workspace-write", "read-only"),
     "--on-prompt": ("ask", "deny"),
 }
 
@@ -355,8 +422,9 @@ def _write_plan(
     fresh_snapshot: Callable[[], bytes],
 ) -> None:
     """Write the start-up plan of this run for the native front, when one can cover it
-    (no sandbox, no proxy, no OTLP export, requirements from files, a policy that does not
-    fail closed); else remove a plan left from before.
+    (no proxy, no strict-exec, no part of execgate's installation inside a writable root, no
+    OTLP export, requirements from files, a policy that does not fail closed); else remove a
+    plan left from before.
 
     The inputs' identities are taken after the policy was read: a file changed in between
     would pair its new identity with the old policy's snapshot. So the policy is read once
@@ -369,13 +437,18 @@ def _write_plan(
     local = all(
         source.layer != "requirements" or os.path.isabs(source.path) for source in load.sources
     )
+    sandbox = session.sandbox
+    confined = sandbox is not None and sandbox.confines
+    from execgate.sandbox.guarded import guard_inputs, interpreter_carveouts
+
     if (
-        session.confined
+        (confined and sandbox is not None and (sandbox.strict_exec or sandbox.network_proxy))
+        or (sandbox is not None and interpreter_carveouts(sandbox))
         or session.network_gate is not None
         or load.fail_closed_reason
         or settings_from(config.otel, os.environ) is not None
         or not local
-        or session.sealed_snapshot is None
+        or (session.sealed_snapshot is None) != confined
     ):
         with contextlib.suppress(OSError):
             target.unlink()
@@ -403,6 +476,13 @@ def _write_plan(
             launch_options=session.launcher.sandbox.launcher_args()
             if session.launcher.sandbox
             else [],
+            session_dir=session.dir,
+            standins=session.standins.programs if session.standins else (),
+            folders=[
+                *(guard_inputs(sandbox) if sandbox is not None else []),
+                # as configured: a link among them may be retargeted (the spec has their ends)
+                *(Path(os.path.expanduser(root)) for root in config.sandbox.writable_roots),
+            ],
         )
         if fresh_snapshot() != snapshot:
             raise runplan.Unplannable("the policy changed while the plan was made")

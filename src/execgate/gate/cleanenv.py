@@ -21,14 +21,22 @@ BUILT_IN: tuple[str, ...] = (
     "LD_*", "GLIBC_TUNABLES", "GCONV_PATH", "HOSTALIASES", "LOCPATH", "NLSPATH",
     # where every program finds its configuration
     "HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS",
+    # where it finds the programs it starts by name: a rule names none of the sandbox's own, so
+    # they would run unconfined, as the escalated program does (tar -z's gzip)
+    "PATH",
     # git
     "GIT_CONFIG*", "GIT_EXTERNAL_DIFF", "GIT_DIFF_OPTS", "GIT_SSH*", "GIT_EXEC_PATH",
     "GIT_ASKPASS", "GIT_PAGER", "GIT_EDITOR", "GIT_SEQUENCE_EDITOR", "GIT_TEMPLATE_DIR",
     "GIT_DIR", "GIT_WORK_TREE", "GIT_COMMON_DIR", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY",
-    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_PROXY_COMMAND", "GIT_TRACE*",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_PROXY_COMMAND", "GIT_TRACE*", "GIT_ALLOW_PROTOCOL",
     "SSH_ASKPASS", "SSH_ASKPASS_REQUIRE",
     # programs that other programs start
     "PAGER", "MANPAGER", "EDITOR", "VISUAL", "LESSOPEN", "LESSCLOSE", "BROWSER",
+    # options read as if given on the command line (tar's --checkpoint-action=exec=, rsync's
+    # and cvs's remote shell, go's -toolexec): a rule's fixed arguments would not hold
+    "TAR_OPTIONS", "RSYNC_RSH", "RSYNC_CONNECT_PROG", "CVS_RSH", "GOFLAGS",
+    # where package installers take packages from (an index, a folder of the sandbox's wheels)
+    "PIP_*", "UV_*",
     # shells
     "BASH_ENV", "ENV", "BASH_FUNC_*", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND",
     "ZDOTDIR",

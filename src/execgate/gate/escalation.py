@@ -342,6 +342,16 @@ class PolicyEscalation:
                 self._judgements.actions[action_key] = action
         return action
 
+    def is_kept(self, exec_: GatedExec, action: Action, *, confined: bool) -> bool:
+        """Whether ``action`` is :meth:`decide`'s kept answer for ``exec_``: one that follows
+        from the exec's key alone (no human, no approval, no skill script, nothing read from
+        the file system but the file's identity), as long as the policy, aliases and
+        contents stay the same."""
+        key = self._judgements.key(self._policy(), exec_, self._aliases())
+        if key is None:
+            return False
+        return self._judgements.actions.get((key, confined, exec_.leaves_gate)) is action
+
     def _decide(
         self,
         exec_: GatedExec,

@@ -9,10 +9,13 @@ every change made before that exec, whatever the timing.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import errno
+import fcntl
 import logging
 import os
+import termios
 from collections.abc import Iterable
 
 _IN_NONBLOCK = os.O_NONBLOCK
@@ -72,6 +75,17 @@ class FolderWatch:
                 added.add(folder)
                 self._folders.add(folder)
         return added
+
+    def pending(self) -> bool:
+        """Whether events are queued (unread): a change the next :meth:`drain` will see."""
+        if self._fd < 0:
+            return True
+        count = array.array("i", [0])
+        try:
+            fcntl.ioctl(self._fd, termios.FIONREAD, count, True)
+        except OSError:
+            return True
+        return count[0] > 0
 
     def drain(self) -> bool:
         """Read every queued event; True if there was any (or the queue overflowed)."""

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from execgate.gate.content import NO_CONTENTS, ContentError, ContentIndex
-from execgate.gate.protocol import MAX_INTERPRETERS
+from execgate.gate.protocol import MAX_INTERPRETERS, JudgedFile
 from execgate.policy.evaluate import resolve_program_path
 
 FileId = tuple[int, int]
@@ -49,6 +49,9 @@ class ExecFile:
     leaves_gate: str | None = None  # why running it would leave the gate (set-id, capabilities)
     # the rule names of the rule-named file(s) whose content it has (itself included)
     content_names: tuple[str, ...] = ()
+    # what fstat said before anything was read from it (a standing authorization holds
+    # while the file still says so, docs/protocol.md §7 `standing`)
+    judged: JudgedFile | None = None
 
     @property
     def id(self) -> FileId:
@@ -159,6 +162,7 @@ def exec_file(fd: int, contents: ContentIndex = NO_CONTENTS) -> ExecFile:
         shebang=shebang,
         leaves_gate=_why_it_leaves_the_gate(fd, st),
         content_names=content_names,
+        judged=JudgedFile.of(st),
     )
 
 

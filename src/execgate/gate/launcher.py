@@ -28,7 +28,7 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -45,7 +45,9 @@ from execgate.gate.protocol import (
     ProtocolError,
     Spawned,
     SpawnFailed,
+    Stood,
     encode_launcher_signal,
+    encode_revoke,
     encode_shutdown,
     encode_spawn,
     parse_launcher_event,
@@ -229,6 +231,9 @@ class Launcher:
         self._closed = False
         #: The launcher said nothing of the session is left (§7 ``ended``): it exits 0 now.
         self.ended = False
+        self._standing = False  # standing authorizations were posted since the last revoke
+        # Called with (standing id, claimer pid) for each standing claim the launcher took.
+        self.on_stood: Callable[[int, int], None] | None = None
         self._shutdown_task: asyncio.Task[None] | None = None
         self._exit: asyncio.Future[int] = self._loop.create_future()
         self._watch_exit()
@@ -407,6 +412,33 @@ class Launcher:
             raise LauncherError("the session launcher is not running")
         return self._enqueue(authorization.frame(ticket.encode()), [program], borrowed=True)
 
+    def stand(self, frame: bytes, program: int, watch: int) -> None:
+        """Post a standing authorization (``frame``: ``protocol.encode_standing``) with the
+        descriptor of the judged file and the folder watch (§7 ``standing``); both stay the
+        caller's. Its claims are reported to :attr:`on_stood`."""
+        if not self.running:
+            raise LauncherError("the session launcher is not running")
+        self._enqueue(frame, [program, watch], borrowed=True).add_done_callback(_ignore_outcome)
+        self._standing = True
+
+    def revoke(self) -> None:
+        """Revoke every standing authorization (§7 ``revoke``). Written before this returns
+        (behind every frame already queued, waiting for the socket if it must): nothing the
+        session decides after this call can meet a standing authorization made before it. A
+        launcher that is gone takes them along."""
+        if not self._standing or self._closed:
+            return
+        self._standing = False
+        self._enqueue(encode_revoke()).add_done_callback(_ignore_outcome)
+        if not self._outgoing:
+            return
+        sock = self._channel.sock
+        sock.setblocking(True)
+        try:
+            self._write()
+        finally:
+            sock.setblocking(False)
+
     async def shutdown(self, grace: float = 0.5) -> None:
         """SIGTERM every process of the session, SIGKILL what is left after ``grace`` seconds,
         reap them all, and wait for the launcher to exit. Idempotent."""
@@ -584,6 +616,9 @@ class Launcher:
     def _dispatch(self, event: LauncherEvent) -> None:
         if isinstance(event, Ended):
             self.ended = True
+        elif isinstance(event, Stood):
+            if self.on_stood is not None:
+                self.on_stood(event.standing_id, event.pid)
         elif isinstance(event, Spawned):
             process = LaunchedProcess(self, event.spawn_id, event.pid)
             self._running[event.spawn_id] = process

@@ -45,6 +45,9 @@ class LivePolicy:
         self.ask_always = ask_always
         self.skills = skills
         self._listeners: list[Listener] = []
+        # Told before anything changes (policy, aliases, contents, skill folders): standing
+        # authorizations go before anything is decided under the new state.
+        self._revokers: list[Callable[[], None]] = []
         self._watch = FolderWatch()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.aliases: dict[tuple[int, int], tuple[str, ...]] = {}
@@ -52,6 +55,7 @@ class LivePolicy:
         self._set(policy, fail_closed_reason)
 
     def _set(self, policy: Policy, fail_closed_reason: str | None) -> None:
+        self.revoke_standing()
         self.policy = policy
         self.fail_closed_reason = fail_closed_reason
         host_executables = dict(policy.host_executables)
@@ -114,6 +118,10 @@ class LivePolicy:
     def current_aliases(self) -> dict[tuple[int, int], tuple[str, ...]]:
         """The alias table as the files are now: the kernel queued every change made before
         the exec being judged, so draining the queue first leaves no window."""
+        # Revoked before the change is read: a launcher that sees no change queued in the
+        # watch any more finds the revocation on its control channel (docs/protocol.md §4).
+        if self._watch.pending():
+            self.revoke_standing()
         if self._watch.drain():
             published = self.snapshot
             self._set(self.policy, self.fail_closed_reason)
@@ -134,6 +142,20 @@ class LivePolicy:
         if self._loop is not loop and fd is not None:  # a closed loop took its reader along
             self._loop = loop
             loop.add_reader(fd, self.current_aliases)
+
+    def watch_fd(self) -> int | None:
+        """The folder watch's descriptor (inotify): a launcher takes a standing claim only
+        while no change is queued there (docs/protocol.md §4)."""
+        return self._watch.fileno()
+
+    def revoke_standing(self) -> None:
+        for revoke in list(self._revokers):
+            revoke()
+
+    def on_change(self, revoke: Callable[[], None]) -> Callable[[], None]:
+        """Call ``revoke`` before the policy or what follows from it changes."""
+        self._revokers.append(revoke)
+        return lambda: self._revokers.remove(revoke)
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         self._listeners.append(listener)

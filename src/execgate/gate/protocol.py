@@ -8,6 +8,7 @@ the connection (the client then treats the exec as denied).
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -305,6 +306,54 @@ class Authorization:
         return HEADER.pack(size) + self._head + ticket + self._tail
 
 
+@dataclass(frozen=True, slots=True)
+class JudgedFile:
+    """What the server's ``fstat`` of a judged descriptor said: a standing authorization
+    holds only while the launcher's own ``fstat`` says the same (§7 ``standing``)."""
+
+    dev: int
+    ino: int
+    ctime_ns: int
+    mtime_ns: int
+    size: int
+    mode: int
+    nlink: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> JudgedFile:
+        return cls(st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns, st.st_size,
+                   st.st_mode, st.st_nlink)  # fmt: skip
+
+
+def encode_standing(
+    standing_id: int,
+    *,
+    token: bytes,
+    display: str,
+    path: bytes,
+    realpath: bytes,
+    cwd: bytes,
+    judged: JudgedFile,
+    standin: tuple[int, int],
+    argv: Sequence[bytes],
+    env: EnvRules,
+) -> bytes:
+    """A ``standing`` message (§7): claims of exactly this exec need not ask the server.
+    ``standin``: the (dev, ino) of the stand-in the request came through (§5)."""
+    standin_dev, standin_ino = standin
+    head: list[Field] = [
+        standing_id, token, display.replace("\n", " ").encode("utf-8", "surrogateescape"),
+        path, realpath, cwd, judged.dev, judged.ino, judged.ctime_ns, judged.mtime_ns,
+        judged.size, judged.mode, judged.nlink, standin_dev, standin_ino, len(argv), *argv,
+    ]  # fmt: skip
+    frame = encode("standing", *head)
+    return HEADER.pack(len(frame) - HEADER.size + len(env.wire)) + frame[HEADER.size :] + env.wire
+
+
+def encode_revoke() -> bytes:
+    return encode("revoke")
+
+
 def encode_launcher_signal(spawn_id: int, signum: int) -> bytes:
     return encode("signal", spawn_id, signum)
 
@@ -337,7 +386,15 @@ class Ended:
     """Nothing of the session is left (the ``last`` program's ``exited`` follows; §7)."""
 
 
-LauncherEvent = Spawned | SpawnFailed | Exited | Ended
+@dataclass(frozen=True, slots=True)
+class Stood:
+    """A standing authorization was claimed by process ``pid`` (its program starts now)."""
+
+    standing_id: int
+    pid: int
+
+
+LauncherEvent = Spawned | SpawnFailed | Exited | Stood | Ended
 
 
 def parse_launcher_event(fields: list[bytes]) -> LauncherEvent:
@@ -350,6 +407,8 @@ def parse_launcher_event(fields: list[bytes]) -> LauncherEvent:
             parse_int(fields[2], "errno"),
             fields[3].decode("utf-8", "replace"),
         )
+    if kind == b"stood" and len(fields) == 3:
+        return Stood(parse_int(fields[1], "id"), parse_int(fields[2], "pid"))
     if kind == b"exited" and len(fields) == 3:
         return Exited(parse_int(fields[1], "id"), parse_int(fields[2], "wait status"))
     if kind == b"ended" and len(fields) == 1:

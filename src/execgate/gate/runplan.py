@@ -61,7 +61,20 @@ OPENING_VARIABLES = (
     "OTEL_EXPORTER_OTLP_HEADERS",
     "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
     "OTEL_SERVICE_NAME",
+    # a sandboxed session's: the multiplexers' socket folders it hides (sandbox/guarded.py),
+    # the user site-packages it keeps read-only
+    "TMUX",
+    "TMUX_TMPDIR",
+    "SCREENDIR",
+    "PYTHONUSERBASE",
 )
+
+#: The launcher options a front fills in per session (``launch-session NAME``: the session
+#: folder's NAME, ``.`` the folder itself; ``launch-carveouts``: the protected names that
+#: exist when it starts, as ``--known-carveouts`` wants them, sandbox/spec.py's
+#: ``existing_carveouts``).
+SESSION_PLACEHOLDER = "launch-session"
+CARVEOUTS_PLACEHOLDER = "launch-carveouts"
 
 _SAFE = frozenset(range(0x21, 0x7F)) - {ord("%")}
 
@@ -130,6 +143,9 @@ class Plan:
         #: the decision log's ``sandbox`` (``off (no confinement)``)
         self.sandbox = ""
         self.launch_options: list[str] = []
+        #: the programs a sandboxed session's stand-ins cover, in the order of their names
+        #: (``standins/0``, ``standins/1``, …; gate/standins.py)
+        self.standins: list[str] = []
         self.snapshot = b""
         self.cwd = ""
         self.options: list[str] = []
@@ -151,6 +167,19 @@ def identity_line(path: Path) -> str:
         f"file {escape(os.fspath(path))} {st.st_dev} {st.st_ino} {st.st_size} "
         f"{st.st_mtime_ns} {st.st_ctime_ns}"
     )
+
+
+def folder_line(path: Path) -> str:
+    """``dir PATH DEV INO`` for a folder (lstat): one whose identity matters, not its times
+    (``/tmp``, a writable root, a folder a sandbox keeps read-only); else
+    :func:`identity_line`."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return identity_line(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return identity_line(path)
+    return f"dir {escape(os.fspath(path))} {st.st_dev} {st.st_ino}"
 
 
 def _with_targets(found: Iterable[Path]) -> Iterator[Path]:
@@ -196,8 +225,15 @@ def render(
     log: tuple[str, int, int] | None,
     sandbox: str,
     launch_options: Sequence[str] = (),
+    session_dir: Path | None = None,
+    standins: Sequence[str] = (),
+    folders: Iterable[Path] = (),
 ) -> str:
-    """The plan's text (raises :class:`Unplannable`)."""
+    """The plan's text (raises :class:`Unplannable`). ``launch_options`` name ``session_dir``
+    (this session's folder) only as ``--shadows <session_dir>/NAME`` and give the known
+    carve-outs after ``--known-carveouts``: both differ per session, so the plan holds
+    placeholders the front fills in. ``folders``: inputs whose identity matters, not their
+    times (a sandbox's; :func:`folder_line`), unless listed in ``inputs`` as well."""
     lines = [MAGIC, f"boot {boot_id()}", f"uid {os.getuid()} {os.getgid()}", f"cwd {escape(cwd)}"]
     lines += [f"opt {escape(word)}" for word in options]
     for name in OPENING_VARIABLES:
@@ -208,6 +244,10 @@ def render(
         if path not in seen:
             seen.add(path)
             lines.append(identity_line(path))
+    for path in _with_targets(folders):
+        if path not in seen:
+            seen.add(path)
+            lines.append(folder_line(path))
     from execgate import native
 
     lines.append(f"python {escape(sys.executable)}")
@@ -225,10 +265,42 @@ def render(
     else:
         lines.append(f"server log {escape(log[0])} {log[1]} {log[2]}")
     lines.append(f"server sandbox {escape(sandbox)}")
-    lines += [f"launch {escape(word)}" for word in launch_options]
+    lines += _launch_lines(launch_options, session_dir)
+    lines += [f"standin {escape(program)}" for program in standins]
     lines.append(f"snapshot {snapshot.hex()}")
     lines.append("end")
     return "\n".join(lines) + "\n"
+
+
+def _launch_lines(options: Sequence[str], session_dir: Path | None) -> list[str]:
+    lines = []
+    folder = os.fspath(session_dir) + "/" if session_dir is not None else None
+    after = ""
+    for word in options:
+        if after == "--known-carveouts":
+            lines.append(CARVEOUTS_PLACEHOLDER)
+        elif folder and word + "/" == folder:  # (read-only, inside a writable root)
+            lines.append(f"{SESSION_PLACEHOLDER} .")
+        elif after == "--shadows" and folder and word.startswith(folder):
+            lines.append(f"{SESSION_PLACEHOLDER} {escape(word[len(folder) :])}")
+        elif folder and (word + "/").startswith(folder):
+            raise Unplannable("the sandbox names the session folder")
+        else:
+            lines.append(f"launch {escape(word)}")
+        after = word
+    return lines
+
+
+def fill_in(plan: Plan, session_dir: Path, carveouts: str) -> list[str]:
+    """The launcher options of ``plan`` as the front filled them in for this session."""
+    return [
+        os.fspath(session_dir / word[len(SESSION_PLACEHOLDER) + 1 :])
+        if word.startswith(SESSION_PLACEHOLDER + " ")
+        else carveouts
+        if word == CARVEOUTS_PLACEHOLDER
+        else word
+        for word in plan.launch_options
+    ]
 
 
 def write(path: Path, text: str) -> None:
@@ -250,6 +322,12 @@ def parse(text: str) -> Plan:
             plan.syspath.append(unescape(rest))
         elif kind == "launch":
             plan.launch_options.append(unescape(rest))
+        elif kind == SESSION_PLACEHOLDER:  # kept as a placeholder: see fill_in
+            plan.launch_options.append(f"{kind} {unescape(rest)}")
+        elif kind == CARVEOUTS_PLACEHOLDER:
+            plan.launch_options.append(kind)
+        elif kind == "standin":
+            plan.standins.append(unescape(rest))
         elif kind == "opt":
             plan.options.append(unescape(rest))
         elif kind == "snapshot":

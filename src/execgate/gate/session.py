@@ -48,7 +48,13 @@ from execgate.gate.escalation import (
     no_one_to_ask,
 )
 from execgate.gate.gitrepo import sandbox_writable_repository
-from execgate.gate.identity import ExecFile, IdentityError, inspect_descriptors, open_path
+from execgate.gate.identity import (
+    ExecFile,
+    FileId,
+    IdentityError,
+    inspect_descriptors,
+    open_path,
+)
 from execgate.gate.launcher import (
     LaunchedProcess,
     Launcher,
@@ -57,10 +63,11 @@ from execgate.gate.launcher import (
     authorization,
 )
 from execgate.gate.livepolicy import LivePolicy
-from execgate.gate.program import GatedExec, runs_file, vouched
+from execgate.gate.program import GatedExec, parent_pid, runs_file, vouched
 from execgate.gate.protocol import Authorization, EnvRules, ExecRequest, ProtocolError
 from execgate.gate.server import GateServer, Peer, Reply
 from execgate.gate.snapshot import SealedSnapshot
+from execgate.gate.standing import STANDING_VIA, Standing
 from execgate.gate.standins import StandIns
 from execgate.netproxy.variables import PROXY_VARIABLE_NAMES, proxy_variables
 from execgate.policy import allow_rule_line
@@ -94,6 +101,7 @@ GATE_VARIABLES = (
 _UNKNOWN_FILE = ExecFile(realpath="", dev=0, ino=0, shebang=None)
 # Authorizations kept per session, one per escalated command shape (see _authorization).
 _AUTHORIZATIONS_KEPT = 256
+_ESCALATE_PAYLOAD = protocol.TAG + b"\0escalate\0"  # how an `escalate` answer's payload starts
 
 
 class SessionDenied(ExecgateError):
@@ -107,13 +115,14 @@ def _log_escalation(exec_: GatedExec, action: Action, sandbox: str, when: float)
     """One line of the escalations log: an escalation, or a run the server explained
     (``when``: the time of the decision)."""
     if action.verdict == Verdict.ESCALATE:
-        message = "escalated %s (program %s, pid %d, cwd %s, sandbox %s)"
+        message = "escalated %s (program %s, pid %d, cwd %s, sandbox %s%s)"
         args: tuple[object, ...] = (
             exec_.display(),
             exec_.realpath or exec_.path,
             exec_.pid,
             exec_.cwd,
             sandbox,
+            ", standing" if exec_.via == STANDING_VIA else "",
         )
     else:
         message, args = "%s: %s", (exec_.display(), action.reason)
@@ -397,9 +406,10 @@ class AdoptedParts:
     token: str
     escalated_token: str
     listener: socket.socket
-    snapshot_fd: int
+    snapshot_fd: int | None  # None: a confined session (its clients read the file)
     launcher: Launcher
     main: asyncio.Future[LaunchedProcess]
+    standins: Sequence[str] = ()  # the programs the front covered (standins/0, 1, …)
 
 
 class EscalationSession:
@@ -451,7 +461,8 @@ class EscalationSession:
         # Without a sandbox a gated process could replace the file: clients use a sealed copy.
         self.sealed_snapshot: SealedSnapshot | None
         if adopted is not None:  # the front wrote both; the front end checks they are ours
-            self.sealed_snapshot = SealedSnapshot.adopt(adopted.snapshot_fd)
+            fd = adopted.snapshot_fd
+            self.sealed_snapshot = None if fd is None else SealedSnapshot.adopt(fd)
         else:
             write_atomically(self.snapshot_path, live.snapshot, mode=0o444)
             self.sealed_snapshot = None if self.confined else SealedSnapshot(live.snapshot)
@@ -462,8 +473,10 @@ class EscalationSession:
         self.standins: StandIns | None = None
         if self.confined:
             try:
-                self.standins = StandIns(self.dir / "standins", self.wrapper)
-                self.standins.cover(live.rule_named)
+                made = adopted.standins if adopted is not None else None
+                self.standins = StandIns(self.dir / "standins", self.wrapper, made)
+                if adopted is None:  # the front's cover what its plan says (checked then)
+                    self.standins.cover(live.rule_named)
             except BaseException:
                 shutil.rmtree(self.dir, ignore_errors=True)
                 raise
@@ -472,6 +485,8 @@ class EscalationSession:
         self._env_rules: EnvRules | None = None
         self._authorizations: dict[tuple[object, ...], Authorization] = {}
         self._tickets = Tickets()
+        self._standing: Standing | None = None  # made at the first standing authorization
+        self._unrevoke: Callable[[], None] | None = None
         # Network through the proxy: the proxy's thread, and what points programs at it.
         self.proxied = self.confined and sandbox is not None and sandbox.network_proxy
         self.network = config.network  # None: NetworkSettings()
@@ -487,26 +502,12 @@ class EscalationSession:
         with :meth:`attach` before :meth:`start`."""
         native.verify_installation()  # never load an interposer that is not the installed one
         session = cls(config, caller)
-        sandbox, live = session.sandbox, config.live
+        live = config.live
         new_process_session = config.new_process_session
         try:
             live.watch_in(asyncio.get_running_loop())
             session._server = GateServer(session.socket_path, session)
-            spec = None
-            if sandbox is not None:
-                from execgate.sandbox.guarded import guard  # (sysconfig: sandboxes only)
-
-                readonly, hidden = guard(sandbox)  # execgate's own files, state and controls
-                hosts = config.network.hosts_file if config.network else None
-                if hosts is not None and hosts.exists():  # read at every proxied connection
-                    readonly.append(hosts)
-                spec = sandbox.with_gate_paths(
-                    session_dir=session.dir,
-                    executables=[session.wrapper, session.interposer],
-                    readonly=readonly,
-                    hidden=hidden,
-                    standin_table=session.standins.table if session.standins else None,
-                )
+            spec = session.confinement()
             report = session._start_proxy() if session.proxied else None
             try:
                 session._launcher = await Launcher.start(
@@ -524,15 +525,36 @@ class EscalationSession:
             raise
         return session
 
+    def confinement(self) -> SandboxSpec | None:
+        """What the launcher enforces: the session's sandbox with what the gate needs in it
+        (execgate's own files, state and controls, the session folder, the stand-ins)."""
+        sandbox = self.sandbox
+        if sandbox is None:
+            return None
+        from execgate.sandbox.guarded import guard  # (sysconfig: sandboxes only)
+
+        readonly, hidden = guard(sandbox)  # execgate's own files, state and controls
+        hosts = self.network.hosts_file if self.network else None
+        if hosts is not None and hosts.exists():  # read at every proxied connection
+            readonly.append(hosts)
+        return sandbox.with_gate_paths(
+            session_dir=self.dir,
+            executables=[self.wrapper, self.interposer],
+            readonly=readonly,
+            hidden=hidden,
+            standin_table=self.standins.table if self.standins else None,
+        )
+
     @classmethod
     def adopt(
         cls, config: SessionConfig, caller: SessionCaller, parts: AdoptedParts
     ) -> EscalationSession:
         """The session the native front opened (docs/protocol.md §8), served from here on:
-        its gate socket, snapshot and launcher are ``parts``. Sessions that confine nothing
-        only (the front's plans cover no other)."""
-        if config.sandbox is not None and config.sandbox.confines:
-            raise ValueError("an adopted session confines nothing")
+        its gate socket, snapshot, stand-ins and launcher are ``parts``; a confined one's
+        sandbox comes with the known carve-outs the front found (``known_carveouts``)."""
+        sandbox = config.sandbox
+        if sandbox is not None and sandbox.confines and sandbox.known_carveouts is None:
+            raise ValueError("an adopted confined session takes the front's known carve-outs")
         session = cls(config, caller, parts)
         try:
             config.live.watch_in(asyncio.get_running_loop())
@@ -803,9 +825,12 @@ class EscalationSession:
             return protocol.encode_deny(self.denial(exec_, "request not from this session"))
         claimed: Sequence[tuple[bytes, bytes]] = request.interpreters
         opened: list[int] = []  # descriptors opened here, for a stand-in's program
+        standin: tuple[FileId, str] | None = None  # the stand-in it came through, its program
         if confined and self.standins is not None:
             try:
                 substituted = self.standins.substitute(fds, claimed, os.fsdecode(request.cwd))
+                if substituted is not None:
+                    standin = self.standins.covered_by(fds[0])
             except OSError as exc:
                 exec_ = GatedExec.from_request(request, _UNKNOWN_FILE, ())
                 return protocol.encode_deny(
@@ -814,7 +839,9 @@ class EscalationSession:
             if substituted is not None:
                 fds, claimed, opened = substituted
         try:
-            answer = self._judge(request, fds, claimed, peer, confined, standin=bool(opened))
+            answer = self._judge(
+                request, fds, claimed, peer, confined, standin=bool(opened), through=standin
+            )
         except BaseException:
             _close_all(opened)
             raise
@@ -834,7 +861,10 @@ class EscalationSession:
         confined: bool,
         *,
         standin: bool,
+        through: tuple[FileId, str] | None = None,
     ) -> Reply:
+        """``through``: the stand-in a request came through (when it is the program), and
+        the path of the program it covers."""
         try:
             contents = self.live.current_contents()
             program, interpreters = inspect_descriptors(fds, claimed, contents)
@@ -853,9 +883,52 @@ class EscalationSession:
             return self._ask_then_answer(
                 exec_, request, fds[-1], action.approval, confined, standin=standin
             )
+        decided = action
         action = _in_place_from_writable_repository(exec_, action, confined, self.sandbox)
         self._record(exec_, action)
-        return self._encode(exec_, request, fds[-1], action, standin=standin)
+        answer = self._encode(exec_, request, fds[-1], action, standin=standin)
+        if (
+            action is decided
+            and action.verdict == Verdict.ESCALATE
+            and confined
+            and through is not None
+            and isinstance(answer, bytes)
+            and answer.startswith(_ESCALATE_PAYLOAD, protocol.HEADER.size)
+            and self.escalation.is_kept(exec_, action, confined=confined)
+        ):
+            self._stand(exec_, request, program, fds[-1], action, through)
+        return answer
+
+    def _stand(
+        self,
+        exec_: GatedExec,
+        request: ExecRequest,
+        program: ExecFile,
+        runs: int,
+        action: Action,
+        through: tuple[FileId, str],
+    ) -> None:
+        """Offer a standing authorization for claims of exactly this exec (gate/standing.py)."""
+        if self._standing is None:
+            self._standing = Standing(self.launcher, self.token, self.live.watch_fd())
+            self.launcher.on_stood = self._stood
+            self._unrevoke = self.live.on_change(self._standing.revoke)
+        env = self.escalated_env_rules()
+        if self._standing.offer(exec_, request, program, runs, action, env, through):
+            assert self.standins is not None  # (a request came through one)
+            self.standins.mark_standing(through[1])
+
+    def _stood(self, standing_id: int, pid: int) -> None:
+        """The launcher took a standing claim: its decision record, as the server would have
+        written it (after the program started)."""
+        granted = self._standing.claimed(standing_id) if self._standing else None
+        if granted is None:
+            log.warning(
+                "gate: unknown standing authorization %d claimed by pid %d", standing_id, pid
+            )
+            return
+        exec_ = replace(granted.exec, pid=pid, ppid=parent_pid(pid), via=STANDING_VIA)
+        self._record(exec_, granted.action)
 
     @functools.cached_property
     def sandbox_text(self) -> str:
@@ -929,6 +1002,8 @@ class EscalationSession:
         """Ask a human, then resolve the answer; returns the action and the answer it follows
         from."""
         approval = await self.ask_human(request)
+        if self._standing is not None:  # an answer may approve for the session: all go
+            self._standing.revoke()
         return self.escalation.resolve(request, approval, confined=confined), approval
 
     async def ask_human(self, request: ApprovalRequest) -> Approval:
@@ -1031,6 +1106,10 @@ class EscalationSession:
         for scope in list(self._asking):
             scope.cancel()
         self._unsubscribe()
+        if self._unrevoke is not None:
+            self._unrevoke()
+        if self._standing is not None:
+            self._standing.revoke()
         await asyncio.sleep(0)  # let pending asks answer "denied" before the server closes
         if self._launcher is not None:
             await self._launcher.shutdown(grace)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -94,7 +95,10 @@ class StandIns:
     """The stand-ins of one session: files in ``folder``, and the table the launcher mounts
     them from (``table``: pairs of NUL-terminated paths, stand-in then program)."""
 
-    def __init__(self, folder: Path, wrapper: Path) -> None:
+    def __init__(self, folder: Path, wrapper: Path, made: Sequence[str] | None = None) -> None:
+        """``made``: the stand-ins are there already, ``folder/0``, ``folder/1``, … for these
+        programs, with their table (the native front of ``execgate run`` made them,
+        docs/protocol.md §8); each is checked to be one, our own."""
         line = b"#!" + os.fsencode(wrapper) + b" --shadow\n"
         if len(line) > _MAX_SHEBANG or any(c in os.fsencode(wrapper) for c in b" \t\n"):
             raise ExecgateError(
@@ -107,10 +111,47 @@ class StandIns:
         self._claim = (os.fsencode(wrapper), b"--shadow")
         self.folder = folder
         self.table = folder.parent / "standins.table"
-        folder.mkdir(mode=0o700)
         self._by_program: dict[str, Path] = {}
         self._by_id: dict[FileId, str] = {}
+        self._marked: set[str] = set()  # programs whose stand-in says standing claims may hold
+        if made is not None:
+            self._adopt(made)
+            return
+        folder.mkdir(mode=0o700)
         write_atomically(self.table, b"", mode=0o444)
+
+    def _adopt(self, programs: Sequence[str]) -> None:
+        try:
+            self._adopt_made(programs)
+        except OSError as exc:
+            raise ExecgateError(f"the session's stand-ins: {exc}") from None
+
+    def _adopt_made(self, programs: Sequence[str]) -> None:
+        for number, program in enumerate(programs):
+            standin = self.folder / str(number)
+            fd = os.open(standin, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                own = st.st_uid == os.getuid() and stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+                if not own or os.pread(fd, len(self._line) + 1, 0) != self._line:
+                    raise ExecgateError(f"{standin} is not one of this session's stand-ins")
+            finally:
+                os.close(fd)
+            self._by_program[program] = standin
+            self._by_id[(st.st_dev, st.st_ino)] = program
+        if self.table.read_bytes() != self._table():
+            raise ExecgateError(f"{self.table} is not this session's stand-in table")
+
+    @property
+    def programs(self) -> list[str]:
+        """The programs covered, in the order they were (their stand-ins' names)."""
+        return list(self._by_program)
+
+    def _table(self) -> bytes:
+        return b"".join(
+            os.fsencode(standin) + b"\0" + os.fsencode(program) + b"\0"
+            for program, standin in self._by_program.items()
+        )
 
     def cover(self, programs: Iterable[str]) -> None:
         """Cover ``programs`` (canonical paths) from the next sandboxed spawn on. Stand-ins made
@@ -128,11 +169,7 @@ class StandIns:
                 os.close(fd)
             self._by_program[program] = standin
             self._by_id[(st.st_dev, st.st_ino)] = program
-        table = b"".join(
-            os.fsencode(standin) + b"\0" + os.fsencode(program) + b"\0"
-            for program, standin in self._by_program.items()
-        )
-        write_atomically(self.table, table, mode=0o444)
+        write_atomically(self.table, self._table(), mode=0o444)
 
     def program_of(self, fd: int) -> str | None:
         """The program the stand-in behind ``fd`` covers, or None if it is not one of ours."""
@@ -141,6 +178,39 @@ class StandIns:
         except OSError:
             return None
         return self._by_id.get((st.st_dev, st.st_ino))
+
+    def mark_standing(self, program: str) -> None:
+        """Tell interposers that execs of ``program``'s stand-in may be claimed standing
+        (docs/protocol.md §4 "Standing claims"): a line after its ``#!`` line makes it larger
+        than a bare stand-in. Only a hint (the launcher checks every claim), so that execs of
+        other stand-ins never try. Best effort: a stand-in being executed right now
+        (``ETXTBSY``) is marked at the next offer."""
+        standin = self._by_program.get(program)
+        if standin is None or program in self._marked:
+            return
+        try:
+            os.chmod(standin, 0o755)
+            try:
+                fd = os.open(standin, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                try:
+                    os.write(fd, b"# standing\n")
+                finally:
+                    os.close(fd)
+            finally:
+                os.chmod(standin, 0o555)
+        except OSError:
+            return
+        self._marked.add(program)
+
+    def covered_by(self, fd: int) -> tuple[FileId, str] | None:
+        """The stand-in behind ``fd`` (its identity) and the program it covers, or None when
+        it is not one of ours."""
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return None
+        program = self._by_id.get((st.st_dev, st.st_ino))
+        return None if program is None else ((st.st_dev, st.st_ino), program)
 
     def substitute(
         self, fds: Sequence[int], claimed: Sequence[tuple[bytes, bytes]], cwd: str

@@ -45,6 +45,10 @@ CONSOLE_SCRIPTS = ("execgate", "execgate-py")
 def _console_scripts() -> list[Path]:
     """Where the ``execgate`` commands live: this process's own script, the ones on ``PATH``
     and the ones pip installs (prefix and user scheme)."""
+    return [p for p in _console_script_candidates() if os.path.lexists(p)]
+
+
+def _console_script_candidates() -> list[Path]:
     found: list[str] = []
     if os.path.basename(sys.argv[0] or "") in CONSOLE_SCRIPTS:
         found.append(os.path.abspath(sys.argv[0]))
@@ -57,7 +61,7 @@ def _console_scripts() -> list[Path]:
                 found.append(os.path.join(sysconfig.get_path("scripts", scheme), name))
             except KeyError:
                 continue
-    return [Path(p) for p in found if os.path.lexists(p)]
+    return [Path(p) for p in found]
 
 
 @functools.cache
@@ -108,9 +112,7 @@ def _refuse_roots_in_state(spec: SandboxSpec) -> None:
                 )
 
 
-def multiplexer_dirs() -> list[Path]:
-    """The existing folders of the terminal multiplexers' control sockets (resolved): a
-    confined process reaching one could type into any pane, its own prompt included."""
+def _multiplexer_candidates() -> list[str]:
     uid = os.getuid()
     found: list[str] = []
     tmux = os.environ.get("TMUX", "").split(",", 1)[0]
@@ -124,8 +126,14 @@ def multiplexer_dirs() -> list[Path]:
         found.append(screen)
     with contextlib.suppress(KeyError):  # a uid without a name has no screen folder
         found.append(f"/run/screen/S-{pwd.getpwuid(uid).pw_name}")
+    return found
+
+
+def multiplexer_dirs() -> list[Path]:
+    """The existing folders of the terminal multiplexers' control sockets (resolved): a
+    confined process reaching one could type into any pane, its own prompt included."""
     dirs: list[Path] = []
-    for folder in found:
+    for folder in _multiplexer_candidates():
         real = Path(os.path.realpath(folder))
         if real.is_dir() and real not in dirs:
             dirs.append(real)
@@ -190,4 +198,41 @@ def _session_folders() -> list[Path]:
             make_private_dir(folder)
         if is_own_private_dir(folder):
             found.append(folder)
+    return found
+
+
+def guard_inputs(spec: SandboxSpec) -> list[Path]:
+    """Every path :func:`guard` and the spec's writable roots were found from, existing or
+    not: a start-up plan's inputs (gate/runplan.py), so a change to any makes it stale. (The
+    protected names in the roots are not: the launcher looks them up at each spawn, and the
+    native front finds the known ones itself.)"""
+    if not spec.confines:
+        return []
+    found = [*spec.writable_roots, Path("/tmp"), Path("/dev/shm"), Path("/etc/passwd")]
+    tmpdir = os.environ.get("TMPDIR")
+    if tmpdir and os.path.isabs(tmpdir):
+        found.append(Path(tmpdir))
+    found += [*installation_paths(), *_console_script_candidates(), *_user_site()]
+    found += [*paths.state_paths(), paths.control_dir()]
+    found += [*trusted_project_folders(), *paths.record_files(), *paths.shared_session_folders()]
+    found += [Path(p) for p in _multiplexer_candidates()]
+    return found
+
+
+def interpreter_carveouts(spec: SandboxSpec) -> list[Path]:
+    """The parts of execgate's installation (and the user site-packages) that lie inside a
+    writable root, where :func:`guard` makes them read-only carve-outs. Which they are depends
+    on how this interpreter was started (``sys.argv[0]``, ``sys.path``, site's flags), which
+    the server of a native start (``python -I -S``, execgate/adopt.py) does not share: a
+    start-up plan cannot cover such a sandbox."""
+    if spec.mode != "workspace-write":
+        return []
+    roots = [Path(os.path.realpath(r)) for r in spec.writable_roots]
+    package_parent = Path(execgate.__file__).resolve().parent.parent
+    found = []
+    for path in [*installation_paths(), *_user_site(), package_parent]:
+        real = Path(os.path.realpath(path))
+        inside = any(_under(real, r) for r in roots)
+        if inside and not any(_under(r, real) for r in roots):
+            found.append(real)
     return found

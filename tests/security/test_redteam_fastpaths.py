@@ -1,0 +1,265 @@
+"""Red team of this session's fast paths, from inside real `execgate run --sandbox
+workspace-write` sessions, as root and as an unprivileged user.
+
+Standing claims (docs/protocol.md §4 "Standing claims"): an escalation the launcher grants
+without the server must still never start in a git repository the sandbox made after the
+server's look (the server's check at the judgement is gone from that path: only the launcher's
+own look at the claim stands between a planted `core.fsmonitor` and code outside the sandbox);
+and a claimer that is gone, a descriptor that is not the stand-in, and malformed frames are
+misses or closed connections that leave the launcher serving.
+
+The escalated environment (docs/policy.md), which standing claims share with tickets: variables
+that a program reads as command-line options or as its package source must not come from the
+caller, or a narrow rule's fixed arguments do not hold (`TAR_OPTIONS`, `PIP_*`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import give_to
+from .test_standing_claims import MODE, escalations, folders, run_session
+
+CLAIMER = Path(__file__).with_name("redteam_claim.py")
+
+
+def _template_repository(base: Path, witness: Path) -> Path:
+    """A repository (one commit, an index) whose `core.fsmonitor` leaves ``witness`` when git
+    runs it: `git status` does."""
+    repo = base / "tpl"
+    git = ["git", "-C", str(repo), "-c", "user.email=r@t", "-c", "user.name=rt"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "f").write_text("f\n")
+    subprocess.run([*git, "add", "f"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    subprocess.run([*git, "config", "core.fsmonitor", f"touch {witness}; false"], check=True)
+    return repo
+
+
+def test_a_standing_git_never_starts_in_a_repository_planted_after_the_judgement(
+    place: tuple[Any, Path],
+) -> None:
+    user, base = place
+    _, out = folders(base)
+    witness = out / "PWNED"  # only a git outside the sandbox can make it
+    tpl = _template_repository(base, witness)
+    rules = 'prefix_rule(["git", "status"], "allow")\n'
+    dirs = ["a", "b/c", "d"]
+    quiet = ">/dev/null 2>&1"
+    script = f"""
+mkdir -p {" ".join(dirs)}
+for d in {" ".join(dirs)}; do (cd $d && git status {quiet}; git status {quiet}); done
+cp -r {tpl}/.git a/.git                     # a repository in the working directory
+cp -r {tpl}/.git b/.git                     # one in a folder above it
+cp -r {tpl}/.git repo.git && printf 'gitdir: ../repo.git\\n' > d/.git  # a gitfile
+for d in {" ".join(dirs)}; do (cd $d && git status {quiet}; git status {quiet}); done
+cd a && RT_PATH=/usr/bin/git RT_ARGV='["git", "status"]' python3 {CLAIMER} exact
+echo alive
+"""
+    stdout, stderr, log = run_session(user, base, rules, script)
+    assert "alive" in stdout, (stdout, stderr)
+    assert not witness.exists(), (stdout, stderr, log)
+    # Before the plant: each folder's repeat was a standing claim (the attack met the fast
+    # path); after it: no escalation at all, standing or not.
+    assert escalations(log, "git status") == [False, True] * 3, log
+    assert "exact miss" in stdout, stdout
+    in_place = [line for line in log if "not escalated: it would start in the git" in line]
+    assert len(in_place) == 6, log
+
+
+def test_sly_and_malformed_standing_claims_are_misses_and_the_launcher_keeps_serving(
+    place: tuple[Any, Path],
+) -> None:
+    user, base = place
+    _, out = folders(base)
+    (out / "t").touch()
+    rules = 'prefix_rule(["touch"], "allow")\n'
+    modes = ["exact", "orphan", "memfd", "truncated", "argc", "nfds", "nofds", "header", "exact"]
+    argv = json.dumps(["touch", f"{out}/t"])
+    script = f"""
+touch {out}/t; touch {out}/t
+RT_PATH=/usr/bin/touch RT_ARGV={shlex.quote(argv)} {sys.executable} {CLAIMER} {" ".join(modes)}
+touch {out}/t && echo alive
+"""
+    stdout, stderr, log = run_session(user, base, rules, script)
+    assert "alive" in stdout, (stdout, stderr)
+    answers = dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line)
+    lines = [line.split(" ", 1) for line in stdout.splitlines() if " " in line]
+    got = [answer for mode, answer in lines if mode == "exact"]
+    assert len(got) == 2 and all(a.startswith("go") for a in got), (stdout, stderr)
+    for mode in ("orphan", "memfd"):
+        assert answers[mode] == "miss", (mode, stdout, stderr)
+    for mode in ("truncated", "argc", "nfds", "nofds", "header"):
+        assert answers[mode] in ("closed", "miss") or answers[mode].startswith("refused"), (
+            mode,
+            stdout,
+        )
+    # one record per execution: 2 + the two exact claims + the last touch, 3 of them standing
+    assert escalations(log, f"touch {out}/t") == [False, True, True, True, True], log
+
+
+def test_an_escalated_program_takes_no_code_from_the_callers_option_variables(
+    place: tuple[Any, Path],
+) -> None:
+    """`TAR_OPTIONS` is read by tar as if it were on its command line: a narrow rule that
+    escalates one exact `tar` command would otherwise run whatever the sandbox names in
+    `--checkpoint-action=exec=` outside the sandbox (and its repeat as a standing claim)."""
+    user, base = place
+    ws, out = folders(base)
+    (ws / "data").write_text("d\n")
+    witness = out / "PWNED"
+    (ws / "evil").write_text(f"#!/bin/sh\ntouch {witness}\n")
+    (ws / "evil").chmod(0o755)
+    rules = f'prefix_rule(["tar", "-cf", "{out}/b.tar", "data"], "allow")\n'
+    evil = f"--checkpoint=1 --checkpoint-action=exec={ws}/evil"
+    script = f"""
+tar -cf {out}/b.tar data; tar -cf {out}/b.tar data
+TAR_OPTIONS={shlex.quote(evil)} tar -cf {out}/b.tar data
+echo alive
+"""
+    stdout, stderr, log = run_session(user, base, rules, script)
+    assert "alive" in stdout, (stdout, stderr)
+    assert escalations(log, f"tar -cf {out}/b.tar data") == [False, True, True], log
+    assert (out / "b.tar").exists()
+    assert not witness.exists(), (stdout, stderr, log)
+
+
+def _run_with(
+    user: Any, base: Path, rules: str, script: str, own: dict[str, str]
+) -> tuple[str, str, list[str]]:
+    """run_session with ``own`` added to the session's own environment (the user's)."""
+    (base / "r.rules").write_text(rules)
+    give_to(base, user)
+    time.sleep(1.05)  # the files made for the test are a second old: standing may be offered
+    cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(base / "r.rules"), *MODE,
+           "--", "bash", "-c", script]  # fmt: skip
+    path = f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
+    env = {"EXECGATE_HOME": str(base / "home"), "PATH": path, "LANG": "C.UTF-8", **own}
+    if user is None:
+        r = subprocess.run(cmd, cwd=base / "ws", env={**os.environ, **env}, capture_output=True,
+                           timeout=180)  # fmt: skip
+    else:
+        r = user.run(cmd, cwd=base / "ws", env=env, timeout=180)
+    log = base / "home" / "log" / "escalations.log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return r.stdout.decode(), r.stderr.decode(), lines
+
+
+def _wheel(folder: Path, name: str, version: str, code: bytes) -> None:
+    """A wheel of ``name`` ``version`` whose package is ``code``."""
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": code,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = [
+        f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}"
+        for n, d in files.items()
+    ]
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,", ""]).encode()
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as z:
+        for n, d in files.items():
+            z.writestr(n, d)
+
+
+def test_an_escalated_pip_takes_no_package_source_from_its_caller(
+    place: tuple[Any, Path],
+) -> None:
+    """A narrow rule escalates one exact `pip install` (a name, a version, a target): with the
+    caller's `PIP_NO_INDEX`/`PIP_FIND_LINKS` it would install, outside the sandbox, a package
+    of that name and version the sandbox wrote itself (a wheel in the workspace)."""
+    user, base = place
+    ws, out = folders(base)
+    (ws / "pkgs").mkdir()
+    _wheel(ws / "pkgs", "rtpkg", "1.0", b"PWNED = True\n")
+    (base / "empty").mkdir()  # the session's own (offline) package source: nothing there
+    python = os.path.realpath(sys.executable)
+    pip = [python, "-m", "pip", "install", "-q", "--no-cache-dir", "--no-deps", "--target",
+           f"{out}/lib", "rtpkg==1.0"]  # fmt: skip
+    rules = f'prefix_rule({json.dumps(pip)}, "allow")\n'
+    script = f"""
+PIP_NO_INDEX=1 PIP_FIND_LINKS={ws}/pkgs {shlex.join(pip)}
+echo alive
+"""
+    own = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(base / "empty")}
+    stdout, stderr, log = _run_with(user, base, rules, script, own)
+    assert "alive" in stdout, (stdout, stderr)
+    assert len([line for line in log if "escalated " in line and "-m pip install" in line]) == 1
+    assert not (out / "lib" / "rtpkg").exists(), (stdout, stderr, log)
+
+
+def test_an_escalated_program_finds_no_program_of_the_sandbox_on_the_callers_path(
+    place: tuple[Any, Path],
+) -> None:
+    """`tar -z` starts `gzip` by name: with the caller's `PATH` it would find the sandbox's own
+    `gzip` first, and that child, named by no rule, runs where its escalated parent runs:
+    outside the sandbox (also for the standing claim that repeats the escalation)."""
+    user, base = place
+    ws, out = folders(base)
+    (ws / "data").write_text("d\n")
+    (ws / "bin").mkdir()
+    witness = out / "PWNED"
+    (ws / "bin" / "gzip").write_text(f"#!/bin/sh\ntouch {witness}\ncat\n")
+    (ws / "bin" / "gzip").chmod(0o755)
+    command = f"tar -czf {out}/b.tgz data"
+    rules = f'prefix_rule({json.dumps(command.split())}, "allow")\n'
+    script = f"""
+{command}; {command}
+PATH={ws}/bin:$PATH {command}; echo rc=$?
+echo alive
+"""
+    stdout, stderr, log = run_session(user, base, rules, script)
+    assert "alive" in stdout, (stdout, stderr)
+    assert escalations(log, command) == [False, True, True], log
+    assert "rc=0" in stdout, (stdout, stderr)  # the session's own gzip did the work
+    assert not witness.exists(), (stdout, stderr, log)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="An escalated program runs outside the sandbox, and so do its own execs that no rule "
+    "names (an escalated token's `escalate` is answered `run`, protocol §3): whatever file the "
+    "sandbox wrote, once an escalated program starts it, runs unconfined. Cleaning the caller's "
+    "PATH (cleanenv.py) closes the easy way in, but not a folder the sandbox can write on the "
+    "session's own PATH (a project's `.venv/bin` or `node_modules/.bin` when the user's shell "
+    "has it first; a writable root's `bin`), nor config in a writable working directory. The "
+    "fix belongs in the server's judgement of escalated tokens: an exec asked with the "
+    "escalated token of a file on a mount the sandbox can write (through the session's "
+    "sandbox view, as gate/gitrepo.py looks) must run confined (authorize-confined) or be "
+    "denied, not run in place; standing claims inherit it from the same judgement.",
+)
+def test_an_escalated_programs_child_written_by_the_sandbox_does_not_run_outside(
+    place: tuple[Any, Path],
+) -> None:
+    user, base = place
+    ws, out = folders(base)
+    (ws / "data").write_text("d\n")
+    (ws / "bin").mkdir()
+    witness = out / "PWNED"
+    (ws / "bin" / "cat").write_text("#!/bin/sh\n")  # the session's PATH has ws/bin first
+    (ws / "bin" / "cat").chmod(0o755)
+    command = f"tar -czf {out}/b.tgz data"
+    rules = f'prefix_rule({json.dumps(command.split())}, "allow")\n'
+    script = f"""
+printf '#!/bin/sh\\ntouch {witness}\\nexec /bin/cat\\n' > {ws}/bin/gzip && chmod +x {ws}/bin/gzip
+{command}; echo rc=$?
+echo alive
+"""
+    path = f"{ws}/bin:{os.path.dirname(sys.executable)}:/usr/bin:/bin"
+    stdout, stderr, log = _run_with(user, base, rules, script, {"PATH": path})
+    assert "alive" in stdout, (stdout, stderr)
+    assert escalations(log, command) == [False], log
+    assert not witness.exists(), (stdout, stderr, log)

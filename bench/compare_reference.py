@@ -9,6 +9,7 @@ the table prints execgate ÷ reference (the issue's table). The machine is share
 few times and read the spread, not one number.
 
     python bench/compare_reference.py [--calls 40] [--rounds 5] [--execs 300] [--no-build]
+                                      [--round-trips-only]
 
 Figures:
   round trips       ``shell`` ``true`` (a builtin: the fixed cost of a call), login and not,
@@ -467,6 +468,8 @@ async def measure(args: argparse.Namespace, ref: Reference | None) -> list[Row]:
             got = await round_trips(pair(mode, NO_MATCH, no_match), place, args.calls, login)
             ours, theirs = got["execgate"], got.get("reference")
             show(Row(label, ms(theirs), ms(ours), quotient(ours, theirs), "≤ reference"))
+        if args.round_trips_only:
+            return rows
 
         got = await start_ups(pair("off", NO_MATCH, no_match), place, args.rounds * 2)
         ours, theirs = got["execgate"], got.get("reference")
@@ -527,6 +530,7 @@ def main() -> None:
     parser.add_argument("--no-install", action="store_true", help="never run npm")
     parser.add_argument("--no-build", dest="build", action="store_false")
     parser.add_argument("--build-rounds", type=int, default=3)
+    parser.add_argument("--round-trips-only", action="store_true", help="only the round trips")
     args = parser.parse_args()
     if shutil.which("npm") is None and not (cache_dir() / "shell-tool-mcp-0.97.0").exists():
         print("compare_reference: skipped: npm is not installed (the reference comes from npm)")

@@ -104,17 +104,25 @@ int eg_read_all(int fd, void *buf, size_t n)
     return 0;
 }
 
-int eg_send_frame(int sock, struct eg_buf *b, const int *fds, int nfds)
+int eg_seal_frame(struct eg_buf *b)
 {
     if (b->overflow || b->len <= EG_HEADER || b->len - EG_HEADER > EG_MAX_PAYLOAD)
         return -EMSGSIZE;
-    if (nfds < 0 || nfds > EG_MAX_FDS)
-        return -E2BIG;
     uint32_t payload = (uint32_t)(b->len - EG_HEADER);
     b->data[0] = (char)(payload & 0xff);
     b->data[1] = (char)((payload >> 8) & 0xff);
     b->data[2] = (char)((payload >> 16) & 0xff);
     b->data[3] = (char)((payload >> 24) & 0xff);
+    return 0;
+}
+
+int eg_send_frame(int sock, struct eg_buf *b, const int *fds, int nfds)
+{
+    if (nfds < 0 || nfds > EG_MAX_FDS)
+        return -E2BIG;
+    int sealed = eg_seal_frame(b);
+    if (sealed < 0)
+        return sealed;
 
     union {
         struct cmsghdr align;

@@ -29,6 +29,10 @@ void eg_put(struct eg_buf *b, const char *s);
 void eg_put_long(struct eg_buf *b, long long v);
 void eg_put_ulong(struct eg_buf *b, unsigned long long v);
 
+/* Fill in b's length header: b->data[0..b->len) is then one whole frame. 0, or -EMSGSIZE if
+ * b overflowed, is empty or is too large. Async-signal-safe. */
+int eg_seal_frame(struct eg_buf *b);
+
 /* Send b as one frame; fds (may be NULL/0) ride on the first sendmsg. 0 or -errno
  * (-EMSGSIZE if b overflowed or is too large, -E2BIG for too many fds). */
 int eg_send_frame(int sock, struct eg_buf *b, const int *fds, int nfds);

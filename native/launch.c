@@ -232,6 +232,40 @@ static void send_exited(long long id, int status)
     send_event(&b);
 }
 
+/* Nothing of the session is left: `ended`, then the `exited` of the `last` program, sent when,
+ * as it was reaped, the launcher had no child left (it exits 0 right after). One write: the
+ * server reads both at one wake-up. */
+static void send_ended_exited(long long id, int status)
+{
+    char mem[160];
+    struct eg_buf ended, exited;
+    eg_buf_init(&ended, mem, 32);
+    eg_put(&ended, EG_TAG);
+    eg_put(&ended, "ended");
+    eg_buf_init(&exited, mem + ended.len, sizeof mem - ended.len);
+    eg_put(&exited, EG_TAG);
+    eg_put(&exited, "exited");
+    eg_put_long(&exited, id);
+    eg_put_long(&exited, status);
+    if (!g_report || g_control < 0)
+        return;
+    if (eg_seal_frame(&ended) < 0 || eg_seal_frame(&exited) < 0) {
+        send_exited(id, status); /* (cannot happen: both fit) */
+        return;
+    }
+    size_t len = ended.len + exited.len, off = 0;
+    while (off < len) {
+        ssize_t k = send(g_control, mem + off, len - off, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            g_report = 0; /* the server is gone: carry on, quietly */
+            return;
+        }
+        off += (size_t)k;
+    }
+}
+
 /* -- the process table ---------------------------------------------------------------------- */
 
 static struct proc *find_pid(pid_t pid)
@@ -324,20 +358,27 @@ static void report_status(int status)
     g_status_fd = -1;
 }
 
-/* Reap every child that is ready. 1: reaped some, 0: none ready, -1: no children left. */
+/* Reap every child that is ready. 1: reaped some, 0: none ready, -1: no children left.
+ * The `last` program's `exited` goes out at the end, preceded by `ended` when no child is
+ * left then (the server may answer its caller without waiting for our exit). */
 static int reap(void)
 {
-    int any = 0;
+    int any = 0, left;
+    long long last_id = -1;
+    int last_status = 0;
     for (;;) {
         int st;
         pid_t pid = waitpid(-1, &st, WNOHANG | __WALL);
         if (pid < 0) {
             if (errno == EINTR)
                 continue;
-            return errno == ECHILD ? -1 : any;
+            left = errno == ECHILD ? -1 : any;
+            break;
         }
-        if (pid == 0)
-            return any;
+        if (pid == 0) {
+            left = any;
+            break;
+        }
         any = 1;
         struct proc *p = find_pid(pid);
         if (!p)
@@ -351,12 +392,24 @@ static int reap(void)
                 restore_terminal(p->pgid);
                 report_status(st);
             }
-            send_exited(p->id, st);
+            if (p->last) {
+                last_id = p->id;
+                last_status = st;
+            } else {
+                send_exited(p->id, st);
+            }
         }
         if (p->last)
             g_last_ended = 1;
         remove_proc(p);
     }
+    if (last_id >= 0) {
+        if (left < 0)
+            send_ended_exited(last_id, last_status);
+        else
+            send_exited(last_id, last_status);
+    }
+    return left;
 }
 
 /* -- killing the session -------------------------------------------------------------------- */

@@ -3,6 +3,7 @@ they are still the ones that were installed (``_bin/manifest.json``, written by 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -24,16 +25,19 @@ _REINSTALL = "reinstall the package (pip install .) so the build compiles native
 _verified: set[tuple[str, int, int, int, int, int]] = set()
 
 
+@functools.cache
 def bin_dir() -> Path:
-    """The package's ``_bin`` folder (canonical)."""
+    """The package's ``_bin`` folder (canonical; found once: resolving a path costs a stat of
+    every folder on the way, and every session asks)."""
     # The package is installed as files (the native programs must be): no resource reader
     # needed (importing one costs a start-up several milliseconds).
     return (Path(__file__).parent / "_bin").resolve()
 
 
 def native_path(name: str) -> Path:
-    """Absolute path of a native program shipped in the package (``execgate/_bin``)."""
-    path = (bin_dir() / name).resolve()
+    """Absolute path of a native program shipped in the package (``execgate/_bin``). Not
+    resolved again: :func:`verify_installation` refuses a native file that is a symlink."""
+    path = bin_dir() / name
     if not path.exists():
         raise ExecgateError(f"execgate's native program {name} is missing at {path}; {_REINSTALL}")
     return path

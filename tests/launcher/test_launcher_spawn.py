@@ -334,6 +334,42 @@ def test_the_launcher_ends_by_itself_once_its_last_program_and_all_it_left_are_g
     run(go)
 
 
+#: A chain of subshells that never stops: each forks the next and exits (the chain's pids keep
+#: changing, and one of them is always alive or a zombie not yet reaped).
+HOPPING = "hop() { ( i=0; while [ $i -lt 50 ]; do i=$((i+1)); done; hop ) & }; hop"
+
+
+@pytest.mark.parametrize("left", ["nothing", "a child", "a hopping chain"])
+def test_ended_precedes_the_last_programs_exit_only_when_nothing_is_left(left: str) -> None:
+    """``ended`` (protocol §7) is read before the ``exited`` of the ``last`` program exactly
+    when the launcher had no child left as it reaped it: then it exits 0 at once. A child the
+    program left, even a chain of processes that fork and exit to slip through, means no
+    ``ended``: the launcher stays until ``shutdown`` kills them (a front end answers early
+    only on ``ended``)."""
+    script = {"nothing": "exit 5", "a child": "sleep 100 & exit 5", "a hopping chain": HOPPING}
+
+    async def go() -> None:
+        for _ in range(3 if left == "a hopping chain" else 1):  # the chain at other points
+            launcher = await started()
+            with open(os.devnull, "r+b") as null:
+                main = await launcher.spawn(
+                    path=b"/bin/sh", argv=[b"sh", b"-c", script[left].encode()], env=env_list(),
+                    cwd=b"/", fds={0: null.fileno(), 1: null.fileno(), 2: null.fileno()},
+                    sandboxed=False, main=True, last=True,
+                )  # fmt: skip
+            await main.wait()
+            if left == "nothing":
+                assert launcher.ended  # read before the exit status
+                assert await asyncio.wait_for(asyncio.shield(launcher._exit), 30) == 0
+            else:
+                assert not launcher.ended
+                assert not launcher._exit.done()
+            await launcher.shutdown()
+            assert not launcher.ended or left == "nothing"
+
+    run(go)
+
+
 SCENARIO = Path(__file__).with_name("subreaper_scenario.py")
 
 

@@ -158,9 +158,13 @@ def run_mcp(args: argparse.Namespace) -> int:
                 options.decisions.close()
             return 0
         import asyncio
+        import gc
 
         from execgate.mcp_front.server import serve
 
+        # What is loaded by now (modules, the policy) lives as long as the server: out of the
+        # cyclic collector's way, so its passes during calls walk only what calls make.
+        gc.freeze()
         asyncio.run(serve(options, state, stdio, opening, bound))
     finally:
         bound.close()

@@ -39,6 +39,7 @@ from execgate.gate.channel import Channel, ChannelClosed
 from execgate.gate.protocol import (
     MAX_FDS,
     Authorization,
+    Ended,
     EnvRules,
     LauncherEvent,
     ProtocolError,
@@ -228,6 +229,8 @@ class Launcher:
         self._written.set_result(None)  # what _enqueue returns for a frame written at once
         self._posted: set[asyncio.Task[Any]] = set()
         self._closed = False
+        #: The launcher said nothing of the session is left (§7 ``ended``): it exits 0 now.
+        self.ended = False
         self._standing = False  # standing authorizations were posted since the last revoke
         # Called with (standing id, claimer pid) for each standing claim the launcher took.
         self.on_stood: Callable[[int, int], None] | None = None
@@ -611,7 +614,9 @@ class Launcher:
             self._running.clear()
 
     def _dispatch(self, event: LauncherEvent) -> None:
-        if isinstance(event, Stood):
+        if isinstance(event, Ended):
+            self.ended = True
+        elif isinstance(event, Stood):
             if self.on_stood is not None:
                 self.on_stood(event.standing_id, event.pid)
         elif isinstance(event, Spawned):

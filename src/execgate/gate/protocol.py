@@ -382,6 +382,11 @@ class Exited:
 
 
 @dataclass(frozen=True, slots=True)
+class Ended:
+    """Nothing of the session is left (the ``last`` program's ``exited`` follows; §7)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Stood:
     """A standing authorization was claimed by process ``pid`` (its program starts now)."""
 
@@ -389,7 +394,7 @@ class Stood:
     pid: int
 
 
-LauncherEvent = Spawned | SpawnFailed | Exited | Stood
+LauncherEvent = Spawned | SpawnFailed | Exited | Stood | Ended
 
 
 def parse_launcher_event(fields: list[bytes]) -> LauncherEvent:
@@ -406,4 +411,6 @@ def parse_launcher_event(fields: list[bytes]) -> LauncherEvent:
         return Stood(parse_int(fields[1], "id"), parse_int(fields[2], "pid"))
     if kind == b"exited" and len(fields) == 3:
         return Exited(parse_int(fields[1], "id"), parse_int(fields[2], "wait status"))
+    if kind == b"ended" and len(fields) == 1:
+        return Ended()
     raise ProtocolError(f"unknown launcher message {kind[:20]!r}")

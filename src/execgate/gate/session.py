@@ -260,7 +260,8 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
     if not _swept:  # folders of killed servers: once per server (an MCP server opens many)
         remove_stale_session_dirs(candidates)
         _swept = True
-    for base in sorted(candidates, key=writable):  # stable: outside-the-sandbox ones first
+    ordered = sorted(candidates, key=writable) if roots else candidates
+    for base in ordered:  # stable: outside-the-sandbox ones first
         try:
             make_private_dir(base)
             if not is_own_private_dir(base):  # made by another user first: not ours to use
@@ -366,7 +367,7 @@ class SessionConfig:
             object.__setattr__(self, "base_env", MappingProxyType(dict(self.base_env)))
         object.__setattr__(self, "clean_escalated_env", tuple(self.clean_escalated_env))
 
-    @property
+    @functools.cached_property
     def key(self) -> tuple[object, ...]:
         env = self.base_env
         return (
@@ -441,9 +442,11 @@ class EscalationSession:
         # Set once, before anything of the session runs (None: a reserve's spare, see attach).
         self._caller = caller
         self._closing = False
-        # set once aclose() is done (SessionReserve waits for it); asyncio's, as `execgate run`
-        # does not import anyio
+        # set once aclose() is done; asyncio's, as `execgate run` does not import anyio
         self.closed = asyncio.Event()
+        # set once the session's user is done with it (release(), or aclose()): SessionReserve
+        # opens the next spare then
+        self.released = asyncio.Event()
         self._asking: set[anyio.CancelScope] = set()
         self._asks = 0
         self.verdicts: Counter[Verdict] = Counter()  # decisions so far (a summary's counts)
@@ -720,6 +723,23 @@ class EscalationSession:
     def launcher(self) -> Launcher:
         assert self._launcher is not None, "session not open"
         return self._launcher
+
+    @property
+    def emptied(self) -> bool:
+        """The launcher said nothing of the session is left (protocol §7 ``ended``): what
+        :meth:`aclose` still does is only our own clean-up."""
+        return self._launcher is not None and self._launcher.ended
+
+    def flush_records(self) -> None:
+        """Write the session's decisions now (:meth:`aclose` does it too)."""
+        _unlogged.flush()
+        if self.decisions is not None:
+            self.decisions.flush()  # the log is the front end's; its records are written now
+
+    def release(self) -> None:
+        """Say the session's user is done with it (nothing of it runs any more; only its
+        clean-up is left): a reserve that handed it out opens the next spare now."""
+        self.released.set()
 
     async def start(
         self,
@@ -1098,13 +1118,12 @@ class EscalationSession:
         if self._proxy is not None:  # its listeners' namespaces are gone: nothing is left
             await asyncio.get_running_loop().run_in_executor(None, self._proxy.stop)
             self._proxy = None
-        _unlogged.flush()
-        if self.decisions is not None:
-            self.decisions.flush()  # the log is the front end's; its records are written now
+        self.flush_records()
         if self.sealed_snapshot is not None:
             self.sealed_snapshot.close()
         shutil.rmtree(self.dir, ignore_errors=True)
         self.closed.set()
+        self.release()
 
 
 def _close_all(fds: Sequence[int]) -> None:
@@ -1261,9 +1280,10 @@ class SessionReserve:
     Sessions are interchangeable only when opened with the same :class:`SessionConfig` key;
     :meth:`take` hands out a spare when it matches (the first one ready, else the oldest) and
     opens the next ones in the background (in :meth:`running`'s task group) once the session
-    it handed out has closed, or has run for :data:`REFILL_AFTER` seconds, one after the
-    other: opening one costs milliseconds of this process's CPU (on the event loop) and of the
-    machine's, which must not delay the call's own shell, its exit report or its answer. Two
+    it handed out is released (its user is done with it, or it has closed), or has run for
+    :data:`REFILL_AFTER` seconds, one after the other: opening one costs milliseconds of this
+    process's CPU (on the event loop) and of the machine's, which must not delay the call's own
+    shell, its exit report or its answer, and should be over when the next call comes. Two
     are kept, so a caller that comes back at once still finds one ready; a caller arriving
     before any is ready takes the oldest at once. Spares have no caller: :meth:`take` attaches
     the taker's.
@@ -1309,7 +1329,7 @@ class SessionReserve:
             session = await EscalationSession.open(config, caller)
         else:
             session.attach(caller)
-        after: _Signal = session.closed
+        after: _Signal = session.released
         while self._tasks is not None and len(self._spares) < self.DEPTH:
             opening = _Opening(config, after=after)
             self._spares.append(opening)
@@ -1340,11 +1360,9 @@ class _Signal(Protocol):
     def wait(self) -> Awaitable[object]: ...
 
 
-#: How long a spare waits for the session handed out before it to close (a long call gets
-#: the next spare while it still runs).
+#: How long a spare waits for the session handed out before it to be released (a long call
+#: gets the next spare while it still runs).
 REFILL_AFTER = 0.25
-#: How long after that close it waits before opening (the call's answer goes out first).
-REFILL_PAUSE = 0.002
 
 
 class _Opening:
@@ -1370,9 +1388,9 @@ class _Opening:
             if self._after is not None:
                 with self._waiting:
                     await self._after.wait()
-                    # The call that just ended publishes its outcome, and the front end sends
-                    # its answer, first (a few turns of the loop; the next call comes later).
-                    await anyio.sleep(REFILL_PAUSE)
+                    # The front end writes the answer of the call that released the session
+                    # in the turn of the loop after (rpc.Connection.send): it goes first.
+                    await anyio.sleep(0)
             if self._closed:  # given up before it was opened
                 return
             session = await EscalationSession.open(self.config)
@@ -1391,6 +1409,8 @@ class _Opening:
         return self._done.is_set()
 
     async def result(self) -> EscalationSession | None:
+        if self._done.is_set():  # (no turn of the loop for a spare that is ready)
+            return self._session
         self._waiting.cancel()  # needed now
         await self._done.wait()
         return self._session

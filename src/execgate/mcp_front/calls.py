@@ -6,7 +6,9 @@ under the 2026-07-28 protocol the request returns while an exec waits for approv
 request (the client's retry) picks the call up again. The call ends when the shell exits, when
 its :class:`Stopwatch` runs out, or when it is aborted (request cancelled, server closing, an
 abandoned approval); in every case its session is closed, which kills every process the call
-started, escalated ones included, before the outcome is published.
+started, escalated ones included, before the outcome is published — except when the launcher
+has reported that nothing of the session is left (protocol §7 ``ended``): then the outcome is
+published first and the session's own clean-up (socket, folder) follows.
 """
 
 from __future__ import annotations
@@ -106,7 +108,9 @@ class ShellCall:
 
     @property
     def finished(self) -> bool:
-        return self._done.is_set()
+        """The outcome is known (nothing the call started runs any more; its session may
+        still be cleaning up: :meth:`wait` waits for that too)."""
+        return self.outcome is not None or self._done.is_set()
 
     async def wait(self) -> None:
         await self._done.wait()
@@ -161,13 +165,17 @@ class ShellCall:
                     exit_code = 126
                 else:
                     started = True
-                    os.close(write_fd)
-                    write_fd = -1
+                    # The shell's own decision is written while it runs, not after it ended.
+                    session.flush_records()
                     with anyio.CancelScope() as timer:
                         self.stopwatch.attach(timer)
                         status = await process.wait()
                         exit_code = exit_code_of(status)
                     self.stopwatch.attach(None)
+                    # Our copy of the write end is closed only now: the end of the shell wakes
+                    # us once (its exit report), not a turn earlier for the end of its output.
+                    os.close(write_fd)
+                    write_fd = -1
                     if timer.cancelled_caught:
                         log.info(
                             "tool call %d timed out after %d ms of running time; stopping it",
@@ -177,6 +185,13 @@ class ShellCall:
                         exit_code, timed_out = TIMEOUT_EXIT_CODE, True
                         # The output so far: not what the processes say while being killed.
                         reader.freeze()
+                    elif session.emptied:
+                        # The launcher reaped the whole tree and exits: there is nothing left
+                        # to stop, and every writer of the pipe is gone. Answer now.
+                        await reader.drain(_DRAIN_LIMIT)
+                        session.flush_records()
+                        self._publish(exit_code, timed_out, session)
+                        session.release()
             if self._scope.cancelled_caught:
                 log.info("tool call %d aborted; stopping it", self.id)
                 exit_code = 128 + signal.SIGKILL
@@ -197,24 +212,29 @@ class ShellCall:
                     with contextlib.suppress(Exception):
                         await session.aclose(STOP_GRACE)
                 await reader.drain(_DRAIN_LIMIT)
-            self.outcome = ShellOutcome(
-                exit_code=exit_code,
-                output=self.capture.text(),
-                duration=time.monotonic() - self._started,
-                timed_out=timed_out,
-                truncated_bytes=self.capture.truncated_bytes,
-            )
-            log.info(
-                "tool call %d ended: exit %d%s, %d bytes of output, %.3f s%s",
-                self.id,
-                exit_code,
-                " (timed out)" if timed_out else "",
-                self.capture.total,
-                self.outcome.duration,
-                _decision_counts(session),
-            )
+            if self.outcome is None:
+                self._publish(exit_code, timed_out, session)
             self._done.set()
-            self.changed.set()
+
+    def _publish(self, exit_code: int, timed_out: bool, session: EscalationSession | None) -> None:
+        """The outcome, for the request driving the call (its output is complete)."""
+        self.outcome = ShellOutcome(
+            exit_code=exit_code,
+            output=self.capture.text(),
+            duration=time.monotonic() - self._started,
+            timed_out=timed_out,
+            truncated_bytes=self.capture.truncated_bytes,
+        )
+        log.info(
+            "tool call %d ended: exit %d%s, %d bytes of output, %.3f s%s",
+            self.id,
+            exit_code,
+            " (timed out)" if timed_out else "",
+            self.capture.total,
+            self.outcome.duration,
+            _decision_counts(session),
+        )
+        self.changed.set()
 
 
 def _decision_counts(session: EscalationSession | None) -> str:
@@ -235,6 +255,7 @@ class PipeReader:
         self._loop = asyncio.get_running_loop()
         self._eof = asyncio.Event()
         self._frozen = False
+        self._closed = False
         os.set_blocking(fd, False)
         self._loop.add_reader(fd, self._readable)
 
@@ -254,21 +275,32 @@ class PipeReader:
         self._eof.set()
         return False
 
-    def freeze(self) -> None:
-        """Take in everything written so far; whatever comes later is read and dropped."""
+    def _read_now(self) -> None:
+        """Read what is there now (and EOF, if every writer is gone), without waiting."""
         for _ in range(64):  # bounded: a writer that never pauses must not hold us here
             if self._eof.is_set() or not self._readable():
                 break
+
+    def freeze(self) -> None:
+        """Take in everything written so far; whatever comes later is read and dropped."""
+        self._read_now()
         self._frozen = True
 
     async def drain(self, limit: float) -> None:
-        """Wait for EOF (every writer gone), at most ``limit`` seconds; then close the pipe."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._eof.wait(), limit)
+        """Wait for EOF (every writer gone), at most ``limit`` seconds; then close the pipe.
+        Once closed, a no-op."""
+        if self._closed:
+            return
+        self._read_now()  # usually reaches EOF: the writers are gone before we drain
+        if not self._eof.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._eof.wait(), limit)
         if not self._eof.is_set():
             log.warning("output pipe still open after the call ended; closing it")
             self._loop.remove_reader(self._fd)
-        os.close(self._fd)
+        if not self._closed:  # (drain may be called again while this one waited)
+            self._closed = True
+            os.close(self._fd)
 
 
 class ProgressPump:

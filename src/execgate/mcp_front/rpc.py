@@ -226,19 +226,34 @@ class Connection:
         """Write one message (whole, never interleaved with another); :class:`ClientGone`
         once the client cannot read any more."""
         data = memoryview(encode(message))
-        async with self._write_lock:
+        if not self._write_lock.locked():  # nobody is mid-line: write now, without a turn of
+            data = self._write_some(data)  # the loop (the usual case: it all fits)
+            if not data:
+                return
+            # What is left is this line's: it goes on before any other.
+            self._write_lock.acquire_nowait()
+        else:
+            await self._write_lock.acquire()
+        try:
             # Once begun, a line is finished: half a message would garble every later one.
             with anyio.CancelScope(shield=True):
                 while data:
-                    try:
-                        written = os.write(self._write_fd, data)
-                    except BlockingIOError:
+                    data = self._write_some(data)
+                    if data:
                         await anyio.wait_writable(self._write_fd)
-                        continue
-                    except (BrokenPipeError, ConnectionResetError):
-                        self._close()
-                        raise ClientGone("the MCP client is gone") from None
-                    data = data[written:]
+        finally:
+            self._write_lock.release()
+
+    def _write_some(self, data: memoryview) -> memoryview:
+        """What is left of ``data`` after one write (all of it if the pipe is full)."""
+        try:
+            written = os.write(self._write_fd, data)
+        except BlockingIOError:
+            return data
+        except (BrokenPipeError, ConnectionResetError):
+            self._close()
+            raise ClientGone("the MCP client is gone") from None
+        return data[written:]
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         await self.send({"jsonrpc": "2.0", "method": method, "params": params})

@@ -333,6 +333,7 @@ class McpFrontEnd:
             hosts_file=options.config.network.hosts_file,
             approvals=lambda: self.state.gate.approvals,
         )
+        self._last_config: SessionConfig | None = None
 
     def _info(self) -> dict[str, Any]:
         return {
@@ -905,6 +906,20 @@ class McpFrontEnd:
         self.calls.discard(call)
 
     def _session_config(self, sandbox: SandboxSpec | None) -> SessionConfig:
+        """The configuration of a call's session: the last one again while nothing it was made
+        from changed (the same sandbox, policy and escalation), so its key is computed once."""
+        gate, last = self.state.gate, self._last_config
+        if (
+            last is not None
+            and last.sandbox == sandbox
+            and last.live is gate.live
+            and last.escalation is gate.escalation
+        ):
+            return last
+        self._last_config = self._new_session_config(sandbox)
+        return self._last_config
+
+    def _new_session_config(self, sandbox: SandboxSpec | None) -> SessionConfig:
         return SessionConfig(
             live=self.state.gate.live,
             escalation=self.state.gate.escalation,

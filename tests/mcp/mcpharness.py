@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -252,3 +253,56 @@ def shell_args(m: Mcp, command: str, **extra: Any) -> dict[str, Any]:
 
 def run_python(args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*EXECGATE, *args], capture_output=True, text=True, **kwargs)
+
+
+class RawServer:
+    """``execgate mcp --sandbox off`` run as the unprivileged user in ``folder`` (with an empty
+    rules file there), driven over raw stdio JSON-RPC: for tests that need no SDK client."""
+
+    def __init__(self, unprivileged: Any, folder: Path) -> None:
+        rules = folder / "empty.rules"
+        rules.write_text("")
+        unprivileged.chown_tree(folder)
+        argv = [*EXECGATE, "mcp", "--sandbox", "off", "--rules", str(rules)]
+        self._server = subprocess.Popen(
+            unprivileged.argv(argv),
+            env=unprivileged.env(),
+            cwd=folder,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self._ids = 1
+
+    def __enter__(self) -> RawServer:
+        self.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"}}})  # fmt: skip
+        assert self.receive()["id"] == 1
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._server.stdin is not None and self._server.stdout is not None
+        self._server.stdin.close()
+        self._server.stdout.close()
+        assert self._server.wait(timeout=60) == 0
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self._server.stdin is not None
+        self._server.stdin.write(json.dumps(message).encode() + b"\n")
+        self._server.stdin.flush()
+
+    def receive(self) -> dict[str, Any]:
+        assert self._server.stdout is not None
+        ready, _, _ = select.select([self._server.stdout], [], [], 120)  # a hang guard
+        assert ready, "no answer"
+        answer: dict[str, Any] = json.loads(self._server.stdout.readline())
+        return answer
+
+    def shell(self, **arguments: Any) -> dict[str, Any]:
+        """One ``shell`` call's whole JSON-RPC answer."""
+        self._ids += 1
+        self.send({"jsonrpc": "2.0", "id": self._ids, "method": "tools/call",
+                   "params": {"name": "shell", "arguments": arguments}})  # fmt: skip
+        return self.receive()

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import select
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mcpharness import Mcp, payload, shell_args
+from mcpharness import Mcp, RawServer, payload, shell_args
 
 #: Left behind by the command, each ignoring SIGTERM (the end of the session then takes the
 #: grace period and SIGKILL: an answer that came first would find them still running).
@@ -86,48 +84,10 @@ def test_a_call_that_leaves_nothing_is_answered_with_all_its_output(mcp: Mcp) ->
 def test_nothing_left_runs_at_the_answer_unprivileged(unprivileged: Any) -> None:
     """The same attack as an ordinary user, over raw stdio."""
     folder = unprivileged.make_dir()
-    (folder / "empty.rules").write_text("")
-    unprivileged.chown_tree(folder)
     tag = f"egtag{folder.name[-8:]}a"
-    rules = str(folder / "empty.rules")
-    argv = [sys.executable, "-m", "execgate", "mcp", "--sandbox", "off", "--rules", rules]
-    server = subprocess.Popen(
-        unprivileged.argv(argv),
-        env=unprivileged.env(),
-        cwd=folder,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    assert server.stdin is not None and server.stdout is not None
-
-    def send(message: dict[str, Any]) -> None:
-        assert server.stdin is not None
-        server.stdin.write(json.dumps(message).encode() + b"\n")
-        server.stdin.flush()
-
-    def receive() -> dict[str, Any]:
-        assert server.stdout is not None
-        ready, _, _ = select.select([server.stdout], [], [], 120)  # a hang guard
-        assert ready, "no answer"
-        answer: dict[str, Any] = json.loads(server.stdout.readline())
-        return answer
-
-    try:
-        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "1"}}})  # fmt: skip
-        assert receive()["id"] == 1
-        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        for number, stays in enumerate(STAYS, start=2):
+    with RawServer(unprivileged, folder) as server:
+        for stays in STAYS:
             command = STAYS[stays].format(tag=tag) + "\necho left"
-            arguments = {"command": command, "workdir": str(folder), "login": False}
-            send({"jsonrpc": "2.0", "id": number, "method": "tools/call",
-                  "params": {"name": "shell", "arguments": arguments}})  # fmt: skip
-            answer = receive()
+            answer = server.shell(command=command, workdir=str(folder), login=False)
             assert answer["result"]["structuredContent"]["output"] == "left\n", answer
             assert _survivors(tag) == [], stays
-    finally:
-        server.stdin.close()
-        server.stdout.close()
-        assert server.wait(timeout=60) == 0

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import select
 import subprocess
-import sys
 import time
 from typing import Any
 
-from mcpharness import Mcp, payload, shell_args
+from mcpharness import Mcp, RawServer, payload, shell_args
 
 KILL_THE_LAUNCHER = r"""
 (exec -a {tag}-a sleep 1000) &
@@ -55,59 +53,12 @@ def test_killed_launcher_leaves_nothing_behind(mcp: Mcp) -> None:
 def test_killed_launcher_leaves_nothing_behind_unprivileged(unprivileged: Any) -> None:
     """The same as an ordinary user, over raw stdio."""
     folder = unprivileged.make_dir()
-    (folder / "empty.rules").write_text("")
-    unprivileged.chown_tree(folder)
     tag = f"egtag{folder.name[-8:]}m"
-    server = subprocess.Popen(
-        unprivileged.argv(
-            [
-                sys.executable,
-                "-m",
-                "execgate",
-                "mcp",
-                "--sandbox",
-                "off",
-                "--rules",
-                str(folder / "empty.rules"),
-            ]
-        ),
-        env=unprivileged.env(),
-        cwd=folder,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    assert server.stdin is not None and server.stdout is not None
-
-    def send(message: dict[str, Any]) -> None:
-        assert server.stdin is not None
-        server.stdin.write(json.dumps(message).encode() + b"\n")
-        server.stdin.flush()
-
-    def receive() -> dict[str, Any]:
-        assert server.stdout is not None
-        ready, _, _ = select.select([server.stdout], [], [], 120)  # a hang guard
-        assert ready, "no answer"
-        answer: dict[str, Any] = json.loads(server.stdout.readline())
-        return answer
-
-    try:
-        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "1"}}})  # fmt: skip
-        assert receive()["id"] == 1
-        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        arguments = {"command": KILL_THE_LAUNCHER.format(tag=tag), "workdir": str(folder),
-                     "login": False, "timeout_ms": 60_000}  # fmt: skip
-        send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-              "params": {"name": "shell", "arguments": arguments}})  # fmt: skip
-        answer = receive()
+    with RawServer(unprivileged, folder) as server:
+        command = KILL_THE_LAUNCHER.format(tag=tag)
+        answer = server.shell(command=command, workdir=str(folder), login=False, timeout_ms=60_000)
         assert "the session launcher exited" in json.dumps(answer), answer
         deadline = time.monotonic() + 30  # a failure guard: they are killed at once
         while _survivors(tag) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _survivors(tag) == []
-    finally:
-        server.stdin.close()
-        server.stdout.close()
-        assert server.wait(timeout=60) == 0

@@ -241,6 +241,30 @@ static void send_signal(int sock, int sig)
     eg_send_frame(sock, &b, NULL, 0); /* a launcher that is gone shows up as EOF */
 }
 
+/* Bytes the fields of envp take in a frame (NULL: none); *envc: how many entries.
+ * Async-signal-safe. */
+static size_t env_bytes(char *const *envp, size_t *envc)
+{
+    size_t size = 0, n = 0;
+    if (envp)
+        for (; envp[n]; n++)
+            size += strlen(envp[n]) + 1;
+    *envc = n;
+    return size;
+}
+
+/* A claim's tail (§4): NFDS FD… ENVC ENV…  Async-signal-safe. */
+static void put_fds_env(struct eg_buf *b, const int *fds, int nfds, char *const *envp,
+                        size_t envc)
+{
+    eg_put_long(b, nfds);
+    for (int i = 0; i < nfds; i++)
+        eg_put_long(b, fds[i]);
+    eg_put_ulong(b, envc);
+    for (size_t i = 0; i < envc; i++)
+        eg_put(b, envp[i]);
+}
+
 static void block_forwarded(sigset_t *waitmask);
 static void take_signals(int in_process);
 __attribute__((noreturn)) static void await_program(int sock, char *const *cmd,
@@ -273,11 +297,9 @@ void eg_claim(const char *ticket, char *const *envp, char *const *cmd, int in_pr
     }
 
     /* the frame: EG1 claim TOKEN TICKET NFDS FD… ENVC ENV… */
-    size_t size = EG_HEADER + 64 + EG_TOKEN_LEN + strlen(ticket) + (size_t)nfds * 12 + 24;
-    size_t envc = 0;
-    if (envp)
-        for (; envp[envc]; envc++)
-            size += strlen(envp[envc]) + 1;
+    size_t envc;
+    size_t size = EG_HEADER + 64 + EG_TOKEN_LEN + strlen(ticket) + (size_t)nfds * 12 + 24 +
+                  env_bytes(envp, &envc);
     char small[16384] __attribute__((aligned(16)));
     void *mem = small;
     if (size > sizeof small) {
@@ -291,12 +313,7 @@ void eg_claim(const char *ticket, char *const *envp, char *const *cmd, int in_pr
     eg_put(&b, "claim");
     eg_put(&b, eg_sess.token);
     eg_put(&b, ticket);
-    eg_put_long(&b, nfds);
-    for (int i = 0; i < nfds; i++)
-        eg_put_long(&b, fds[i]);
-    eg_put_ulong(&b, envc);
-    for (size_t i = 0; i < envc; i++)
-        eg_put(&b, envp[i]);
+    put_fds_env(&b, fds, nfds, envp, envc);
 
     sigset_t waitmask;
     block_forwarded(&waitmask);
@@ -439,13 +456,11 @@ void eg_claim_standing(const char *path, int prog, char *const *argv, char *cons
     fds[nfds] = prog;
 
     /* the frame: EG1 standing TOKEN PATH ARGC ARGV… NFDS FD… ENVC ENV… */
-    size_t size = EG_HEADER + 64 + EG_TOKEN_LEN + strlen(path) + (size_t)nfds * 12 + 48;
-    size_t argc = 0, envc = 0;
+    size_t argc = 0, envc;
+    size_t size = EG_HEADER + 64 + EG_TOKEN_LEN + strlen(path) + (size_t)nfds * 12 + 48 +
+                  env_bytes(envp, &envc);
     for (; argv[argc]; argc++)
         size += strlen(argv[argc]) + 1;
-    if (envp)
-        for (; envp[envc]; envc++)
-            size += strlen(envp[envc]) + 1;
     char small[16384] __attribute__((aligned(16)));
     void *mem = small;
     if (size > sizeof small) {
@@ -462,12 +477,7 @@ void eg_claim_standing(const char *path, int prog, char *const *argv, char *cons
     eg_put_ulong(&b, argc);
     for (size_t i = 0; i < argc; i++)
         eg_put(&b, argv[i]);
-    eg_put_long(&b, nfds);
-    for (int i = 0; i < nfds; i++)
-        eg_put_long(&b, fds[i]);
-    eg_put_ulong(&b, envc);
-    for (size_t i = 0; i < envc; i++)
-        eg_put(&b, envp[i]);
+    put_fds_env(&b, fds, nfds, envp, envc);
 
     /* Blocked until the answer: a `go` takes them over as a claim does, a miss gives them
      * back as they were. */

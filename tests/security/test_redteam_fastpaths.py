@@ -22,15 +22,13 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import give_to
-from .test_standing_claims import MODE, escalations, folders, run_session
+from .test_standing_claims import escalations, folders, run_session
 
 CLAIMER = Path(__file__).with_name("redteam_claim.py")
 
@@ -136,27 +134,6 @@ echo alive
     assert not witness.exists(), (stdout, stderr, log)
 
 
-def _run_with(
-    user: Any, base: Path, rules: str, script: str, own: dict[str, str]
-) -> tuple[str, str, list[str]]:
-    """run_session with ``own`` added to the session's own environment (the user's)."""
-    (base / "r.rules").write_text(rules)
-    give_to(base, user)
-    time.sleep(1.05)  # the files made for the test are a second old: standing may be offered
-    cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(base / "r.rules"), *MODE,
-           "--", "bash", "-c", script]  # fmt: skip
-    path = f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
-    env = {"EXECGATE_HOME": str(base / "home"), "PATH": path, "LANG": "C.UTF-8", **own}
-    if user is None:
-        r = subprocess.run(cmd, cwd=base / "ws", env={**os.environ, **env}, capture_output=True,
-                           timeout=180)  # fmt: skip
-    else:
-        r = user.run(cmd, cwd=base / "ws", env=env, timeout=180)
-    log = base / "home" / "log" / "escalations.log"
-    lines = log.read_text().splitlines() if log.exists() else []
-    return r.stdout.decode(), r.stderr.decode(), lines
-
-
 def _wheel(folder: Path, name: str, version: str, code: bytes) -> None:
     """A wheel of ``name`` ``version`` whose package is ``code``."""
     info = f"{name}-{version}.dist-info"
@@ -195,7 +172,7 @@ PIP_NO_INDEX=1 PIP_FIND_LINKS={ws}/pkgs {shlex.join(pip)}
 echo alive
 """
     own = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(base / "empty")}
-    stdout, stderr, log = _run_with(user, base, rules, script, own)
+    stdout, stderr, log = run_session(user, base, rules, script, own=own)
     assert "alive" in stdout, (stdout, stderr)
     assert len([line for line in log if "escalated " in line and "-m pip install" in line]) == 1
     assert not (out / "lib" / "rtpkg").exists(), (stdout, stderr, log)
@@ -259,7 +236,7 @@ printf '#!/bin/sh\\ntouch {witness}\\nexec /bin/cat\\n' > {ws}/bin/gzip && chmod
 echo alive
 """
     path = f"{ws}/bin:{os.path.dirname(sys.executable)}:/usr/bin:/bin"
-    stdout, stderr, log = _run_with(user, base, rules, script, {"PATH": path})
+    stdout, stderr, log = run_session(user, base, rules, script, own={"PATH": path})
     assert "alive" in stdout, (stdout, stderr)
     assert escalations(log, command) == [False], log
     assert not witness.exists(), (stdout, stderr, log)

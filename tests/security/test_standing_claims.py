@@ -26,17 +26,23 @@ CLAIMER = Path(__file__).with_name("standing_claim.py")
 
 
 def run_session(
-    user: Any, base: Path, rules: str, script: str, options: tuple[str, ...] = ()
+    user: Any,
+    base: Path,
+    rules: str,
+    script: str,
+    options: tuple[str, ...] = (),
+    own: dict[str, str] | None = None,
 ) -> tuple[str, str, list[str]]:
     """Run ``bash -c script`` in a session with ``rules`` from ``base/ws``; (stdout, stderr,
-    the escalations log's lines)."""
+    the escalations log's lines). ``own``: added to the session's own environment (the
+    user's)."""
     (base / "r.rules").write_text(rules)
     give_to(base, user)
     time.sleep(1.05)  # the files made for the test are a second old: standing may be offered
     cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(base / "r.rules"), *MODE,
            *options, "--", "bash", "-c", script]  # fmt: skip
     path = f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
-    env = {"EXECGATE_HOME": str(base / "home"), "PATH": path, "LANG": "C.UTF-8"}
+    env = {"EXECGATE_HOME": str(base / "home"), "PATH": path, "LANG": "C.UTF-8", **(own or {})}
     if user is None:
         r = subprocess.run(cmd, cwd=base / "ws", env={**os.environ, **env}, capture_output=True,
                            timeout=180)  # fmt: skip

@@ -741,6 +741,22 @@ static int start_child_vfork(const struct spawn *s, const int *fds, struct proc 
     return 0;
 }
 
+/* A claim's N descriptor targets (§4): each a distinct fd number the program gets, in dst.
+ * 0, or -1 when one is malformed, out of range or repeated. */
+static int read_targets(struct eg_fields *f, long long n, int *dst)
+{
+    for (long long i = 0; i < n; i++) {
+        long long d;
+        if (eg_next_long(f, &d) < 0 || d < 0 || d > INT_MAX - 1)
+            return -1;
+        dst[i] = (int)d;
+        for (long long j = 0; j < i; j++)
+            if (dst[j] == dst[i])
+                return -1;
+    }
+    return 0;
+}
+
 /* Parse a counted list of strings (N · item…) into a NULL-terminated vector. */
 static char **counted(struct eg_fields *f)
 {
@@ -1422,20 +1438,10 @@ static void handle_standing_claim(struct conn *c, struct eg_fields *f)
         conn_close(c);
         return;
     }
-    for (long long i = 0; i < n; i++) {
-        long long d;
-        if (eg_next_long(f, &d) < 0 || d < 0 || d > INT_MAX - 1) {
-            free(argv);
-            conn_close(c);
-            return;
-        }
-        dst[i] = (int)d;
-        for (long long j = 0; j < i; j++)
-            if (dst[j] == dst[i]) {
-                free(argv);
-                conn_close(c);
-                return;
-            }
+    if (read_targets(f, n, dst) < 0) {
+        free(argv);
+        conn_close(c);
+        return;
     }
     char **env = counted(f);
     if (!env || !eg_fields_done(f)) {
@@ -1533,18 +1539,9 @@ static void handle_claim(struct conn *c, char *payload, size_t len)
         conn_close(c); /* malformed: no answer */
         return;
     }
-    for (long long i = 0; i < n; i++) {
-        long long d;
-        if (eg_next_long(&f, &d) < 0 || d < 0 || d > INT_MAX - 1) {
-            conn_close(c);
-            return;
-        }
-        dst[i] = (int)d;
-        for (long long j = 0; j < i; j++)
-            if (dst[j] == dst[i]) {
-                conn_close(c);
-                return;
-            }
+    if (read_targets(&f, n, dst) < 0) {
+        conn_close(c);
+        return;
     }
     char **env = counted(&f);
     if (!env || !eg_fields_done(&f)) {

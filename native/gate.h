@@ -95,7 +95,7 @@ struct eg_call {
                                * descriptor, so the wrapper it starts decides and execs */
     const char *search_path;  /* PATH value; NULL = "/bin:/usr/bin" */
     int standing;             /* try run() with an EG_HOW_STANDING plan before asking the
-                               * server about a program that is not a script */
+                               * server about a stand-in the server marked (§4, §5) */
     char *const *argv;
     char *const *envp;
     /* out */
@@ -139,8 +139,8 @@ int eg_exec_plan(const struct eg_plan *plan);
 __attribute__((noreturn)) void eg_claim(const char *ticket, char *const *envp, char *const *cmd,
                                         int in_process);
 
-/* Claim a standing authorization (protocol §4 "Standing claims") for the program open at
- * prog (not a script; path: its absolute path as the exec request would name it), with argv
+/* Claim a standing authorization (protocol §4 "Standing claims") for the stand-in open at
+ * prog (path: its absolute path as the exec request would name it), with argv
  * and envp as the exec would have them, in the calling process. Returns only on a miss (or
  * when the claim socket cannot be reached): nothing ran, every descriptor and the signal mask
  * are as they were; the caller asks the server as usual. On `go` it is eg_claim(…, in_process

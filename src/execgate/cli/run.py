@@ -26,7 +26,7 @@ from execgate.gate import orphans, runplan
 from execgate.gate.askers import DenyingAsker, TerminalAsker
 from execgate.gate.escalation import Asker
 from execgate.gate.launcher import LaunchedProcess
-from execgate.gate.livepolicy import GatePolicy, PolicySource
+from execgate.gate.livepolicy import GatePolicy, LivePolicy, PolicySource
 from execgate.gate.reload import Loaded, PolicyReloader
 from execgate.gate.session import (
     EscalationSession,
@@ -190,12 +190,16 @@ async def _run(
 
             def fresh(source: PolicySource) -> bytes:
                 """The snapshot of the policy as the files are now."""
-                again = GatePolicy(
-                    source.load(),
+                load = source.load()
+                again = LivePolicy(
+                    load.policy,
                     search_path=os.environ.get("PATH", os.defpath),
+                    fail_closed_reason=load.fail_closed_reason,
                     skills=skill_scripts(config),
                 )
-                return again.live.snapshot
+                # closed now: its folder watch would stay open until a garbage collection
+                with contextlib.closing(again):
+                    return again.snapshot
 
             return await _wait(session, command, cwd, ending, plan)
     finally:

@@ -148,6 +148,10 @@ class LivePolicy:
         while no change is queued there (docs/protocol.md §4)."""
         return self._watch.fileno()
 
+    def close(self) -> None:
+        """Stop watching the folders (a policy built only to be read, e.g. a plan's check)."""
+        self._watch.close()
+
     def revoke_standing(self) -> None:
         for revoke in list(self._revokers):
             revoke()

@@ -339,6 +339,8 @@ static int check_line(struct plan *p, char *line, const char *cwd, char **opts, 
         p->launcher = value;
     else if (!strcmp(kind, "sessions") && value)
         p->sessions = value;
+    else if (!strcmp(kind, "argv0"))
+        ; /* the server's (execgate/adopt.py) */
     else if (!strcmp(kind, "syspath") && value && p->nsyspath < MAX_LIST)
         p->syspath[p->nsyspath++] = value;
     else if (!strcmp(kind, "launch") && value && p->nlaunch_opts < MAX_LIST) {

@@ -48,6 +48,9 @@ class FrontStart:
 
 def main() -> None:
     start = FrontStart(sys.argv[1:])
+    # Started as the slow path was (``-c`` otherwise): it finds execgate's installation from
+    # it (sandbox/guarded.py), and the plan's sandbox carves that out.
+    sys.argv[0] = start.plan.argv0
     from execgate.cli import entry_with
     from execgate.cli.run import serve_adopted
 

@@ -13,12 +13,14 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cliharness import EXECGATE, World
 
+import execgate
 from execgate.gate import runplan
 
 SLOW = {"EXECGATE_FAST_START": "0"}
@@ -466,6 +468,38 @@ def test_a_sandboxed_plan_goes_stale_with_what_its_sandbox_was_made_from(
             assert "git-writable" not in said, name
             if writable:
                 assert writable in said, (name, said, err)
+
+
+def test_an_installation_inside_a_writable_root_starts_fast_and_stays_read_only(
+    world: World,
+) -> None:
+    """execgate's own files inside a writable root (a `.venv` in the project, a clone under
+    /tmp) are carved out of it the same way by the slow path and by the server of a fast
+    start, which runs with `-I -S`: the plan covers the run, and the package cannot be
+    written from inside on either path."""
+    package = Path(execgate.__file__).resolve().parent
+    (world.execgate_home / "config.toml").write_text(
+        f'[sandbox]\nwritable_roots = ["{package.parent}"]\n'
+    )
+    beside = package.parent / f"egtest-{uuid.uuid4().hex}"
+    probe = (
+        f"touch {package}/planted && echo planted; "
+        f"touch {beside} && rm {beside} && echo root-writable; true"
+    )
+    try:
+        for expected in ("slow", "fast", "fast"):
+            process = start(world, "dash", "-c", probe, options=WW)
+            out, err = process.communicate(timeout=60)
+            assert process.returncode == 0, err
+            first = [r for r in log_records(world) if r["argv"][-1:] == [probe]][-1]
+            assert ("fast" if first["ppid"] == process.pid else "slow") == expected, err
+            assert out.decode().split() == ["root-writable"], err
+            assert not (package / "planted").exists()
+    finally:
+        for made in (package / "planted", beside):
+            made.unlink(missing_ok=True)
+    (plan,) = plan_files(world)  # the launcher is told so
+    assert f"launch --readonly\nlaunch {runplan.escape(str(package))}\n" in plan.read_text()
 
 
 def test_a_plan_for_another_working_directory_is_not_followed(warm_ww: World) -> None:

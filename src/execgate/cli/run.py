@@ -426,8 +426,7 @@ def _write_plan(
     fresh_snapshot: Callable[[], bytes],
 ) -> None:
     """Write the start-up plan of this run for the native front, when one can cover it
-    (no proxy, no strict-exec, no part of execgate's installation inside a writable root, no
-    OTLP export, requirements from files, a policy that does not fail closed); else remove a
+    (no proxy, no strict-exec, no OTLP export, requirements from files, a policy that does not fail closed); else remove a
     plan left from before.
 
     The inputs' identities are taken after the policy was read: a file changed in between
@@ -443,11 +442,10 @@ def _write_plan(
     )
     sandbox = session.sandbox
     confined = sandbox is not None and sandbox.confines
-    from execgate.sandbox.guarded import guard_inputs, interpreter_carveouts
+    from execgate.sandbox.guarded import guard_inputs
 
     if (
         (confined and sandbox is not None and (sandbox.strict_exec or sandbox.network_proxy))
-        or (sandbox is not None and interpreter_carveouts(sandbox))
         or session.network_gate is not None
         or load.fail_closed_reason
         or settings_from(config.otel, os.environ) is not None

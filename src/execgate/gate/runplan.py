@@ -131,6 +131,9 @@ class Plan:
 
     def __init__(self) -> None:
         self.python = ""
+        #: how the slow path was started (its ``sys.argv[0]``): the server takes it as its own,
+        #: so it finds execgate's installation as that path did (sandbox/guarded.py)
+        self.argv0 = ""
         self.syspath: list[str] = []
         self.interposer = ""
         self.wrapper = ""
@@ -251,6 +254,7 @@ def render(
     from execgate import native
 
     lines.append(f"python {escape(sys.executable)}")
+    lines.append(f"argv0 {escape(os.path.abspath(sys.argv[0]) if sys.argv[0] else '')}")
     package_parent = str(Path(__file__).resolve().parent.parent.parent)
     # not the working directory `python -m` puts first (the server runs with -I)
     for entry in [package_parent, *sys.path]:
@@ -337,7 +341,7 @@ def parse(text: str) -> Plan:
             plan.log, plan.log_max_bytes, plan.log_keep = unescape(where), int(max_bytes), int(keep)
         elif kind == "server" and rest.startswith("sandbox "):
             plan.sandbox = unescape(rest[8:])
-        elif kind in ("python", "interposer", "wrapper", "launcher", "sessions", "cwd"):
+        elif kind in ("python", "argv0", "interposer", "wrapper", "launcher", "sessions", "cwd"):
             setattr(plan, kind, unescape(rest))
     return plan
 

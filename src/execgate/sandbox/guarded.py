@@ -44,51 +44,95 @@ CONSOLE_SCRIPTS = ("execgate", "execgate-py")
 
 def _console_scripts() -> list[Path]:
     """Where the ``execgate`` commands live: this process's own script, the ones on ``PATH``
-    and the ones pip installs (prefix and user scheme)."""
+    and the ones pip installs (each prefix's scheme and the user scheme)."""
     return [p for p in _console_script_candidates() if os.path.lexists(p)]
 
 
 def _console_script_candidates() -> list[Path]:
-    found: list[str] = []
+    folders: list[str] = []
     if os.path.basename(sys.argv[0] or "") in CONSOLE_SCRIPTS:
-        found.append(os.path.abspath(sys.argv[0]))
+        folders.append(os.path.dirname(os.path.abspath(sys.argv[0])))
     for name in CONSOLE_SCRIPTS:
         on_path = shutil.which(name)
         if on_path:
-            found.append(on_path)
-        for scheme in (sysconfig.get_default_scheme(), sysconfig.get_preferred_scheme("user")):
-            try:
-                found.append(os.path.join(sysconfig.get_path("scripts", scheme), name))
-            except KeyError:
-                continue
-    return [Path(p) for p in found]
+            folders.append(os.path.dirname(on_path))
+    folders += [_scheme_path("scripts", prefix) for prefix in _prefixes()]
+    try:
+        folders.append(sysconfig.get_path("scripts", sysconfig.get_preferred_scheme("user")))
+    except KeyError:
+        pass
+    # Each command beside the others: however this one was started (``execgate`` hands over
+    # to ``execgate-py``), the same files are found.
+    return [Path(folder, name) for folder in folders for name in CONSOLE_SCRIPTS]
+
+
+def _venv_prefix() -> str | None:
+    """The virtual environment this interpreter belongs to (its ``pyvenv.cfg``), found as
+    ``site`` finds it, whether or not ``site`` ran (the server of a native start runs with
+    ``-I -S``: its ``sys.prefix`` is the base one)."""
+    here = os.path.dirname(os.path.abspath(sys.executable))
+    for folder in (here, os.path.dirname(here)):
+        if os.path.isfile(os.path.join(folder, "pyvenv.cfg")):
+            return folder
+    return None
+
+
+def _prefixes() -> list[str]:
+    """The environment's prefix and the base installation's, however this interpreter was
+    started."""
+    venv = _venv_prefix()
+    found = [*([venv] if venv else []), sys.prefix, sys.exec_prefix, sys.base_prefix]
+    found.append(sys.base_exec_prefix)
+    return list(dict.fromkeys(found))
+
+
+def _scheme_path(key: str, prefix: str) -> str:
+    """Where the default install scheme puts ``key`` for an interpreter at ``prefix``."""
+    at = {"base": prefix, "platbase": prefix, "installed_base": prefix}
+    return sysconfig.get_path(key, "posix_prefix", vars={**at, "installed_platbase": prefix})
 
 
 @functools.cache
 def installation_paths() -> tuple[Path, ...]:
-    """Everything execgate runs or loads (found once per process). A console script's
-    folder is included whole, so a symlinked script (pipx's ``~/.local/bin/execgate``) cannot
-    be replaced either."""
+    """Everything execgate runs or loads (found once per process, sorted). A console
+    script's folder is included whole, so a symlinked script (pipx's ``~/.local/bin/execgate``)
+    cannot be replaced either.
+
+    Found the same whichever way this interpreter was started (console script, ``-m``, or the
+    ``-I -S`` server of a native start with the plan's ``sys.path`` and ``argv[0]``), so a
+    start-up plan covers a sandbox that carves them out of a writable root."""
     found = [Path(execgate.__file__).resolve().parent]
     for script in _console_scripts():
         found += [script.parent, Path(os.path.realpath(script))]
-    found += [Path(sys.prefix), Path(sys.exec_prefix), Path(sys.base_prefix)]
     found.append(Path(os.path.realpath(sys.executable)))
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        with_key = sysconfig.get_paths().get(key)
-        if with_key:
-            found.append(Path(with_key))
+    for prefix in _prefixes():
+        found.append(Path(prefix))
+        for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+            found.append(Path(_scheme_path(key, prefix)))
+    # sys.path, but not the working directory ``python -m`` puts first (nor '' for ``-c``):
+    # that is where the command runs, not what it loads execgate from.
+    cwd = os.getcwd()
     for entry in sys.path:
-        if entry and os.path.isabs(entry):
+        if entry and os.path.isabs(entry) and entry != cwd:
             found.append(Path(entry))
-    return tuple(p for p in found if os.path.exists(p))
+    return tuple(sorted({p for p in found if os.path.exists(p)}))
 
 
 def _user_site() -> list[Path]:
-    """The user site-packages folder when this interpreter would load it (``.pth`` files and
-    ``usercustomize`` there run in every later ``execgate``), existing or not."""
-    if not site.ENABLE_USER_SITE:
-        return []
+    """The user site-packages folder when an ``execgate`` started normally would load it
+    (``.pth`` files and ``usercustomize`` there run in every later ``execgate``), existing or
+    not. As ``site`` decides it from the interpreter, not from this process's own flags: a
+    virtual environment loads it only with ``include-system-site-packages = true``."""
+    venv = _venv_prefix()
+    if venv is not None:
+        try:
+            with open(os.path.join(venv, "pyvenv.cfg"), encoding="utf-8") as cfg:
+                settings = dict(line.partition("=")[::2] for line in cfg)
+        except (OSError, ValueError):
+            return []
+        values = {k.strip().lower(): v.strip().lower() for k, v in settings.items()}
+        if values.get("include-system-site-packages") != "true":
+            return []
     return [Path(site.getusersitepackages())]
 
 
@@ -216,23 +260,4 @@ def guard_inputs(spec: SandboxSpec) -> list[Path]:
     found += [*paths.state_paths(), paths.control_dir()]
     found += [*trusted_project_folders(), *paths.record_files(), *paths.shared_session_folders()]
     found += [Path(p) for p in _multiplexer_candidates()]
-    return found
-
-
-def interpreter_carveouts(spec: SandboxSpec) -> list[Path]:
-    """The parts of execgate's installation (and the user site-packages) that lie inside a
-    writable root, where :func:`guard` makes them read-only carve-outs. Which they are depends
-    on how this interpreter was started (``sys.argv[0]``, ``sys.path``, site's flags), which
-    the server of a native start (``python -I -S``, execgate/adopt.py) does not share: a
-    start-up plan cannot cover such a sandbox."""
-    if spec.mode != "workspace-write":
-        return []
-    roots = [Path(os.path.realpath(r)) for r in spec.writable_roots]
-    package_parent = Path(execgate.__file__).resolve().parent.parent
-    found = []
-    for path in [*installation_paths(), *_user_site(), package_parent]:
-        real = Path(os.path.realpath(path))
-        inside = any(_under(real, r) for r in roots)
-        if inside and not any(_under(r, real) for r in roots):
-            found.append(real)
     return found

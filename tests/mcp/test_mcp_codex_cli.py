@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 import uuid
 from collections.abc import Iterator
@@ -217,8 +218,18 @@ def test_tui_approval_is_one_key(codex: CodexWorld) -> None:
         form = screen()
         assert "/askme tui` requires approval" in form.replace("\n", " ") or "askme" in form
         assert "Reason" not in form  # nothing to type: the decision is the only field
-        tmux_cmd("send-keys", "Enter")
-        outputs = codex.world.wait_for(lambda: codex.model.outputs.get(tag), "the result", 60)
+        assert "Field 1/1" in form
+
+        # The TUI drops keys that come right after it shows a form (so a key meant for
+        # something else approves nothing): Enter again while the form is still up.
+        def answered() -> object:
+            outputs = codex.model.outputs.get(tag)
+            if not outputs and "Allow once" in screen():
+                tmux_cmd("send-keys", "Enter")
+                time.sleep(0.5)  # (a pace for polling, not a synchronisation)
+            return outputs
+
+        outputs = codex.world.wait_for(answered, "the result", 60)
         [result] = outputs
         assert isinstance(result, dict) and result["output"] == "askme ran:tui\n"
     finally:

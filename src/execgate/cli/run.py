@@ -426,8 +426,8 @@ def _write_plan(
     fresh_snapshot: Callable[[], bytes],
 ) -> None:
     """Write the start-up plan of this run for the native front, when one can cover it
-    (no proxy, no strict-exec, no OTLP export, requirements from files, a policy that does not fail closed); else remove a
-    plan left from before.
+    (no proxy, no strict-exec, no OTLP export, requirements from files, a policy that does
+    not fail closed); else remove a plan left from before.
 
     The inputs' identities are taken after the policy was read: a file changed in between
     would pair its new identity with the old policy's snapshot. So the policy is read once

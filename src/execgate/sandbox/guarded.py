@@ -57,10 +57,8 @@ def _console_script_candidates() -> list[Path]:
         if on_path:
             folders.append(os.path.dirname(on_path))
     folders += [_scheme_path("scripts", prefix) for prefix in _prefixes()]
-    try:
+    with contextlib.suppress(KeyError):
         folders.append(sysconfig.get_path("scripts", sysconfig.get_preferred_scheme("user")))
-    except KeyError:
-        pass
     # Each command beside the others: however this one was started (``execgate`` hands over
     # to ``execgate-py``), the same files are found.
     return [Path(folder, name) for folder in folders for name in CONSOLE_SCRIPTS]

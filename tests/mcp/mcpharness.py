@@ -255,6 +255,39 @@ def run_python(args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProces
     return subprocess.run([*EXECGATE, *args], capture_output=True, text=True, **kwargs)
 
 
+class PipeLines:
+    """The lines of a child's output pipe, each read within a hang guard.
+
+    ``select`` on a buffered reader sees the pipe, not what ``readline`` already read ahead:
+    two answers that arrive in one chunk leave the second in the reader's buffer, and a
+    ``select`` for it waits for ever. So lines are split here, from raw reads."""
+
+    def __init__(self, stream: Any) -> None:
+        self._fd: int = stream.fileno()
+        self._buffer = b""
+
+    def next(self, timeout: float = 120) -> bytes:
+        """The next line with its newline; b"" at end of file (or what was left before it)."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = max(0.0, deadline - time.monotonic())
+            assert select.select([self._fd], [], [], left)[0], "no answer"  # a hang guard only
+            chunk = os.read(self._fd, 1 << 16)
+            if not chunk:
+                line, self._buffer = self._buffer, b""
+                return line
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line + b"\n"
+
+    def message(self, timeout: float = 120) -> dict[str, Any]:
+        """The next line as a JSON-RPC message (the pipe must not end first)."""
+        line = self.next(timeout)
+        assert line, "the server closed its output"
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+
 class RawServer:
     """``execgate mcp --sandbox off`` run as the unprivileged user in ``folder`` (with an empty
     rules file there), driven over raw stdio JSON-RPC: for tests that need no SDK client."""
@@ -273,6 +306,7 @@ class RawServer:
             stderr=subprocess.PIPE,
         )
         self._ids = 1
+        self._lines = PipeLines(self._server.stdout)
 
     def __enter__(self) -> RawServer:
         self.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -294,11 +328,7 @@ class RawServer:
         self._server.stdin.flush()
 
     def receive(self) -> dict[str, Any]:
-        assert self._server.stdout is not None
-        ready, _, _ = select.select([self._server.stdout], [], [], 120)  # a hang guard
-        assert ready, "no answer"
-        answer: dict[str, Any] = json.loads(self._server.stdout.readline())
-        return answer
+        return self._lines.message()
 
     def shell(self, **arguments: Any) -> dict[str, Any]:
         """One ``shell`` call's whole JSON-RPC answer."""

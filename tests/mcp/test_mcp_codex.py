@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import select
 import subprocess
 import sys
 from typing import Any, Literal
@@ -13,7 +12,7 @@ from typing import Any, Literal
 import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
-from mcpharness import WS, Mcp, error_text, payload, shell_args
+from mcpharness import WS, Mcp, PipeLines, error_text, payload, shell_args
 
 
 class SandboxStateUpdate(types.Request[dict[str, Any], Literal["codex/sandbox-state/update"]]):
@@ -380,14 +379,13 @@ def test_permission_profile_unprivileged(unprivileged: Any) -> None:
         ),
     ]
     replies: dict[int, Any] = {}
+    lines = PipeLines(server.stdout)
     try:
         for message in messages:
             server.stdin.write(json.dumps(message).encode() + b"\n")
             server.stdin.flush()
             while "id" in message and message["id"] not in replies:
-                ready, _, _ = select.select([server.stdout], [], [], 120)  # a hang guard
-                assert ready, "no answer"
-                reply = json.loads(server.stdout.readline())
+                reply = lines.message()
                 replies[reply.get("id")] = reply
     finally:
         server.stdin.close()

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import select
 import subprocess
 import sys
 import time
 from typing import Any
 
-from mcpharness import Mcp, error_text, shell_args
+from mcpharness import Mcp, PipeLines, error_text, shell_args
 
 INIT = {
     "jsonrpc": "2.0",
@@ -37,6 +36,7 @@ class RawClient:
             env=mcp.env,
             cwd=mcp.work,
         )
+        self.lines = PipeLines(self.proc.stdout)
         self.send(json.dumps(INIT).encode())
         assert self.receive()["id"] == 1
         self.send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
@@ -47,11 +47,7 @@ class RawClient:
         self.proc.stdin.flush()
 
     def receive(self, timeout: float = 60) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)  # a hang guard
-        assert ready, "no answer"
-        message: dict[str, Any] = json.loads(self.proc.stdout.readline())
-        return message
+        return self.lines.message(timeout)
 
     def hang_up(self) -> tuple[int, str]:
         assert self.proc.stdin is not None and self.proc.stdout is not None

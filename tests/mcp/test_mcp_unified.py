@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 from mcp.client.client import Client
-from mcpharness import WS, Elicitations, Mcp, accept, error_text
+from mcpharness import WS, Elicitations, Mcp, PipeLines, accept, error_text
 
 UNIFIED = ("--tools", "shell,unified")
 
@@ -312,6 +311,7 @@ def test_pty_ctrl_c_and_disconnect_as_an_unprivileged_user(unprivileged: Any) ->
     )
     assert server.stdin is not None and server.stdout is not None
     ids = iter(range(1, 100))
+    lines = PipeLines(server.stdout)
 
     def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         assert server.stdin is not None and server.stdout is not None
@@ -319,9 +319,7 @@ def test_pty_ctrl_c_and_disconnect_as_an_unprivileged_user(unprivileged: Any) ->
                    "params": {"name": name, "arguments": arguments}}  # fmt: skip
         server.stdin.write(json.dumps(request).encode() + b"\n")
         server.stdin.flush()
-        ready, _, _ = select.select([server.stdout], [], [], 120)  # a hang guard
-        assert ready, "no answer"
-        answer: dict[str, Any] = json.loads(server.stdout.readline())
+        answer = lines.message()
         structured: dict[str, Any] = answer["result"]["structuredContent"]
         return structured
 
@@ -337,7 +335,7 @@ def test_pty_ctrl_c_and_disconnect_as_an_unprivileged_user(unprivileged: Any) ->
         server.stdin.write(json.dumps(hello).encode() + b"\n")
         server.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
         server.stdin.flush()
-        server.stdout.readline()
+        lines.next()
         script = (
             f": {tag}; trap 'echo got-int' INT; echo ready; "
             f"(exec -a {tag}-bg sleep 1000) & while :; do sleep 0.2; done"

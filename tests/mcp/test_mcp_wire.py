@@ -5,12 +5,11 @@ everything gets every answer; the server process never imports the SDK."""
 from __future__ import annotations
 
 import json
-import select
 import subprocess
 import sys
 from typing import Any
 
-from mcpharness import Mcp, shell_args
+from mcpharness import Mcp, PipeLines, shell_args
 
 INIT = {
     "jsonrpc": "2.0",
@@ -46,12 +45,10 @@ def _serve(mcp: Mcp, *options: str, python: tuple[str, ...] = ()) -> subprocess.
 
 
 def _answers(server: subprocess.Popen[bytes], count: int) -> list[dict[str, Any]]:
-    assert server.stdout is not None
+    lines = PipeLines(server.stdout)
     answers: list[dict[str, Any]] = []
     while len(answers) < count:
-        ready, _, _ = select.select([server.stdout], [], [], 30)  # a hang guard
-        assert ready, f"no answer; got {answers}"
-        line = server.stdout.readline()
+        line = lines.next(timeout=60)
         assert line, f"the server closed its output; got {answers}"
         answers.append(json.loads(line))
     return answers

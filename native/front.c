@@ -3,7 +3,7 @@
  * [RUN ARGUMENTS...]` (run_main.c, which `python -m execgate run` execs) run it.
  *
  * It opens the session the slow path (the Python `execgate run`) would open, from the
- * start-up plan that slow path wrote for the same user, working directory and options, once
+ * start-up plan that slow path wrote for this front, the same user, working directory and options, once
  * every input the plan names is still what the slow path saw: the native front goes first, the
  * Python server catches up. Anything else goes to the slow path (the caller's Python command
  * line with `run ARGUMENTS…`, unchanged): options this front does not handle,
@@ -82,6 +82,10 @@ static const char *const GATE_VARIABLES[] = {
 
 /* -- the slow path -------------------------------------------------------------------------- */
 
+/* This front's own program (/proc/self/exe): a plan names the front it is for, so one
+ * installation never follows the plan another one's slow path wrote ("" when unknown: then
+ * no plan is followed, and the slow path is told nothing). */
+static char g_self[PATH_MAX];
 static char *const *g_slow; /* the slow path's command, before `run` */
 static int g_nslow;
 static char **g_run_args; /* the words after `execgate run` */
@@ -101,8 +105,9 @@ static void slow_path(void)
     for (int i = 0; i < g_run_argc; i++)
         argv[n++] = g_run_args[i];
     argv[n] = NULL;
-    /* tells that `execgate` not to come back here (it removes the variable at once) */
-    setenv("EXECGATE_FRONT_DECLINED", "1", 1);
+    /* tells that `execgate` not to come back here (it removes the variable at once), and for
+     * which front to write its plan (gate/runplan.py) */
+    setenv("EXECGATE_FRONT_DECLINED", g_self[0] ? g_self : "1", 1);
     execv(argv[0], argv);
     fprintf(stderr, "execgate: error: cannot run %s: %s\n", argv[0], strerror(errno));
     _exit(70);
@@ -112,6 +117,7 @@ static void slow_path(void)
 
 struct plan {
     char *python, *interposer, *wrapper, *launcher, *sessions;
+    int for_this_front; /* its `front` line names g_self */
     char *syspath[MAX_LIST];
     int nsyspath;
     char *launch_opts[MAX_LIST];
@@ -323,6 +329,10 @@ static int check_line(struct plan *p, char *line, const char *cwd, char **opts, 
         const char *path = decode(f[1]);
         return path && !strcmp(path, cwd);
     }
+    if (!strcmp(kind, "front") && n == 2) {
+        const char *path = decode(f[1]);
+        return path && g_self[0] && !strcmp(path, g_self) && (p->for_this_front = 1);
+    }
     int sandboxed = sandbox_line(p, kind, f, n);
     if (sandboxed >= 0)
         return sandboxed;
@@ -365,20 +375,21 @@ static int check_line(struct plan *p, char *line, const char *cwd, char **opts, 
     return 1;
 }
 
-/* The plan's file name: FNV-1a 64 of "MAGIC\0UID\0CWD\0OPTION\0…" in hex (gate/runplan.py's
- * plan_key; an index only: the plan's own lines are what is checked). */
+/* The plan's file name: FNV-1a 64 of "MAGIC\0UID\0FRONT\0CWD\0OPTION\0…" in hex
+ * (gate/runplan.py's plan_key; an index only: the plan's own lines are what is checked). */
 static void plan_name(char out[17], const char *cwd, char **opts, int nopts)
 {
     uint64_t h = 0xcbf29ce484222325ULL;
     char uid[24];
     size_t ulen = eg_fmt_long(uid, (long long)getuid());
-    const char *parts[MAX_LIST + 3];
-    size_t lens[MAX_LIST + 3];
+    const char *parts[MAX_LIST + 4];
+    size_t lens[MAX_LIST + 4];
     int np = 0;
     parts[np] = PLAN_MAGIC, lens[np++] = sizeof PLAN_MAGIC - 1;
     parts[np] = uid, lens[np++] = ulen;
+    parts[np] = g_self, lens[np++] = strlen(g_self);
     parts[np] = cwd, lens[np++] = strlen(cwd);
-    for (int i = 0; i < nopts && np < MAX_LIST + 3; i++)
+    for (int i = 0; i < nopts && np < MAX_LIST + 4; i++)
         parts[np] = opts[i], lens[np++] = strlen(opts[i]);
     for (int k = 0; k < np; k++) {
         for (size_t i = 0; i < lens[k]; i++) {
@@ -436,7 +447,8 @@ static int load_plan(struct plan *p, const char *cwd, char **opts, int nopts)
             return -1;
         }
     }
-    if (!p->ended || opt_seen != nopts || !p->python || !p->interposer || !p->wrapper ||
+    if (!p->ended || opt_seen != nopts || !p->for_this_front || !p->python || !p->interposer ||
+        !p->wrapper ||
         !p->launcher || !p->sessions || !p->snap || p->nsyspath == 0 || !p->has_log_line ||
         !p->sandbox) {
         close(fd);
@@ -970,6 +982,8 @@ void eg_front(char *const *slow, int nslow, int nrun, char **run)
     g_nslow = nslow;
     g_run_args = run;
     g_run_argc = nrun;
+    ssize_t exe = readlink("/proc/self/exe", g_self, sizeof g_self - 1);
+    g_self[exe > 0 && (size_t)exe < sizeof g_self - 1 ? exe : 0] = '\0';
     const char *fast = getenv("EXECGATE_FAST_START");
     if (fast && !strcmp(fast, "0"))
         slow_path();

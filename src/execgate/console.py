@@ -18,9 +18,12 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 #: Set by the native front when it hands a command line back to Python (removed at once, so
-#: the command never sees it).
+#: the command never sees it), to the front's own program: the start-up plan is for it.
 FRONT_DECLINED = "EXECGATE_FRONT_DECLINED"
 FRONT = "execgate-run"
+#: The front that handed this ``run`` back (its program's path), or None: then there is no
+#: front to write a start-up plan for (gate/runplan.py).
+declined_by: str | None = None
 
 
 def entry() -> NoReturn:
@@ -33,12 +36,18 @@ def entry() -> NoReturn:
 def native_front() -> None:
     """``execgate run``: exec the native front, unless it declined this command line already
     or ``EXECGATE_FAST_START=0``. Returns when the front cannot be started (not built)."""
+    global declined_by
     argv = sys.argv[1:]
-    if os.environ.pop(FRONT_DECLINED, None) is not None:
+    front = os.environ.pop(FRONT_DECLINED, None)
+    if front is not None:
+        declined_by = front if os.path.isabs(front) else None
         return
-    if not argv or argv[0] != "run" or os.environ.get("EXECGATE_FAST_START") == "0":
+    if not argv or argv[0] != "run":
         return
     front = os.path.join(os.path.dirname(__file__), "_bin", FRONT)
+    if os.environ.get("EXECGATE_FAST_START") == "0":
+        declined_by = os.path.realpath(front)  # the next fast start is that front's
+        return
     try:
         os.execv(front, [front, sys.executable, *argv[1:]])
     except OSError:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -41,9 +43,10 @@ def start(
     env: dict[str, str] | None = None,
     options: tuple[str, ...] = (),
     cwd: Path | None = None,
+    execgate: tuple[str, ...] = (*EXECGATE, "run"),
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [*EXECGATE, "run", *options, "--", *command],
+        [*execgate, *options, "--", *command],
         env=world.env(env),
         cwd=cwd or world.work,
         stdout=subprocess.PIPE,
@@ -58,10 +61,11 @@ def run(
     env: dict[str, str] | None = None,
     options: tuple[str, ...] = (),
     cwd: Path | None = None,
+    execgate: tuple[str, ...] = (*EXECGATE, "run"),
 ) -> tuple[int, str, str]:
     """The command's status, stderr, and which path ran it (``fast``/``slow``)."""
     before = len(log_records(world))
-    process = start(world, *command, env=env, options=options, cwd=cwd)
+    process = start(world, *command, env=env, options=options, cwd=cwd, execgate=execgate)
     _, err = process.communicate(timeout=60)
     first = log_records(world)[before]
     path = (
@@ -502,13 +506,38 @@ def test_an_installation_inside_a_writable_root_starts_fast_and_stays_read_only(
     assert f"launch --readonly\nlaunch {runplan.escape(str(package))}\n" in plan.read_text()
 
 
+def test_a_plan_is_followed_only_by_the_front_it_was_written_for(
+    warm: World, tmp_path: Path
+) -> None:
+    """Two installations never follow each other's plans (the user runs the one they asked
+    for, whatever the other's version): a plan names its front and is filed under it, so a
+    second front (a copy of this one, as another installation would have) starts the slow way
+    and writes its own; a plan moved under the other front's name is refused by its line."""
+    other = tmp_path / "elsewhere" / "execgate-run"
+    other.parent.mkdir()
+    front = Path(execgate.__file__).parent / "_bin" / "execgate-run"  # python -m execgate's
+    shutil.copy2(front, other)
+    elsewhere = (str(other), sys.executable)  # `execgate-run PYTHON ARGS`, as python -m starts it
+    (ours,) = plan_files(warm)
+    assert runplan.parse(ours.read_text()).front == os.path.realpath(front)
+    assert run(warm, "dash", "-c", "true", execgate=elsewhere)[::2] == (0, "slow")
+    theirs = next(plan for plan in plan_files(warm) if plan != ours)
+    assert runplan.parse(theirs.read_text()).front == str(other)
+    assert run(warm, "dash", "-c", "true", execgate=elsewhere)[::2] == (0, "fast")
+    assert run(warm, "dash", "-c", "true")[::2] == (0, "fast")  # ours is still ours
+    theirs.unlink()
+    ours.rename(theirs)  # our plan under the other front's name: its `front` line says no
+    assert run(warm, "dash", "-c", "true", execgate=elsewhere)[::2] == (0, "slow")
+
+
 def test_a_plan_for_another_working_directory_is_not_followed(warm_ww: World) -> None:
     """The plan's name is an index: a plan made for one folder, put where another folder's
     plan would be, is not followed there (the writable root would be the first folder)."""
     (plan,) = plan_files(warm_ww)
     other = warm_ww.work.parent / "other"
     other.mkdir()
-    key = runplan.plan_key(os.getuid(), str(other), list(WW))
+    front = runplan.parse(plan.read_text()).front
+    key = runplan.plan_key(os.getuid(), front, str(other), list(WW))
     plan.rename(plan.with_name(key))
     status, err, path = run(warm_ww, "dash", "-c", "touch made", options=WW, cwd=other)
     assert (status, path) == (0, "slow"), err

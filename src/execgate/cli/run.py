@@ -247,7 +247,7 @@ async def _serve_adopted(
         if stale is not None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the front waits for our status
             with contextlib.suppress(OSError):
-                runplan.plan_path(start.cwd, start.plan.options).unlink()
+                runplan.plan_path(start.plan.front, start.cwd, start.plan.options).unlink()
             print(
                 f"execgate: error: the session was ended: its start-up plan was stale ({stale})",
                 file=sys.stderr,
@@ -325,12 +325,19 @@ def _differs_from_plan(
     launched: list[str] | None,
 ) -> str | None:
     """What differs between the plan the front followed and what this server computed
-    (None: nothing): the snapshot, the gate's native files, the sandbox the launcher enforces
-    (its command line), the stand-ins, the decision log, the first program's decision."""
+    (None: nothing): the front it was for (our parent), the snapshot, the gate's native files,
+    the sandbox the launcher enforces (its command line), the stand-ins, the decision log, the
+    first program's decision."""
     from execgate.gate.escalation import Verdict
     from execgate.gate.session import describe_exec, resolve_command
 
     plan = start.plan
+    try:
+        front = os.readlink(f"/proc/{os.getppid()}/exe")
+    except OSError:
+        front = ""
+    if front != plan.front:
+        return "the plan is another front's"
     if gate.live.snapshot != plan.snapshot or (
         session.sealed_snapshot is not None and session.sealed_snapshot.contents() != plan.snapshot
     ):
@@ -427,16 +434,22 @@ def _write_plan(
 ) -> None:
     """Write the start-up plan of this run for the native front, when one can cover it
     (no proxy, no strict-exec, no OTLP export, requirements from files, a policy that does
-    not fail closed); else remove a plan left from before.
+    not fail closed); else remove a plan left from before. The plan is for the front that
+    handed this run here (``console.declined_by``): without one, none is written.
 
     The inputs' identities are taken after the policy was read: a file changed in between
     would pair its new identity with the old policy's snapshot. So the policy is read once
     more after the identities were taken, and the plan is written only when that gives the
     snapshot the session has (a change after the identities makes the plan stale)."""
+    from execgate import console
+
+    front = console.declined_by
+    if front is None:  # started without the native front: no front would follow a plan
+        return
     snapshot = session.live.snapshot
     from execgate.decisionlog.otel import settings_from
 
-    target = runplan.plan_path(cwd, options)
+    target = runplan.plan_path(front, cwd, options)
     local = all(
         source.layer != "requirements" or os.path.isabs(source.path) for source in load.sources
     )
@@ -468,6 +481,7 @@ def _write_plan(
     log = _planned_log(config)
     try:
         text = runplan.render(
+            front=front,
             cwd=cwd,
             options=options,
             inputs=inputs,

@@ -101,11 +101,12 @@ def _unescape_bytes(field_: str) -> bytes:
     return bytes(out)
 
 
-def plan_key(uid: int, cwd: str, options: Sequence[str]) -> str:
-    """FNV-1a 64 of ``MAGIC\\0UID\\0CWD\\0OPTION\\0…`` in hex: the plan's file name (an
-    index only: a collision finds a plan whose lines do not hold)."""
+def plan_key(uid: int, front: str, cwd: str, options: Sequence[str]) -> str:
+    """FNV-1a 64 of ``MAGIC\\0UID\\0FRONT\\0CWD\\0OPTION\\0…`` in hex: the plan's file name
+    (an index only: a collision finds a plan whose lines do not hold). ``front``: the native
+    front's program the plan is for (one installation never follows another's plan)."""
     h = 0xCBF29CE484222325
-    for part in (MAGIC, str(uid), cwd, *options):
+    for part in (MAGIC, str(uid), front, cwd, *options):
         for byte in os.fsencode(part) + b"\0":
             h = ((h ^ byte) * 0x100000001B3) & ((1 << 64) - 1)
     return f"{h:016x}"
@@ -117,8 +118,8 @@ def plans_dir() -> Path:
     return paths.cache_dir() / "run-plans"
 
 
-def plan_path(cwd: str, options: Sequence[str]) -> Path:
-    return plans_dir() / plan_key(os.getuid(), cwd, options)
+def plan_path(front: str, cwd: str, options: Sequence[str]) -> Path:
+    return plans_dir() / plan_key(os.getuid(), front, cwd, options)
 
 
 def boot_id() -> str:
@@ -130,6 +131,8 @@ class Plan:
     """What a plan says (the fields the server checks; the inputs are the front's)."""
 
     def __init__(self) -> None:
+        #: the native front the plan is for (its program's path)
+        self.front = ""
         self.python = ""
         #: how the slow path was started (its ``sys.argv[0]``): the server takes it as its own,
         #: so it finds execgate's installation as that path did (sandbox/guarded.py)
@@ -220,6 +223,7 @@ def ancestors_markers(cwd: Path) -> list[Path]:
 
 def render(
     *,
+    front: str,
     cwd: str,
     options: Sequence[str],
     inputs: Iterable[Path],
@@ -237,7 +241,8 @@ def render(
     carve-outs after ``--known-carveouts``: both differ per session, so the plan holds
     placeholders the front fills in. ``folders``: inputs whose identity matters, not their
     times (a sandbox's; :func:`folder_line`), unless listed in ``inputs`` as well."""
-    lines = [MAGIC, f"boot {boot_id()}", f"uid {os.getuid()} {os.getgid()}", f"cwd {escape(cwd)}"]
+    lines = [MAGIC, f"boot {boot_id()}", f"uid {os.getuid()} {os.getgid()}"]
+    lines += [f"front {escape(front)}", f"cwd {escape(cwd)}"]
     lines += [f"opt {escape(word)}" for word in options]
     for name in OPENING_VARIABLES:
         value = os.environ.get(name)
@@ -341,7 +346,16 @@ def parse(text: str) -> Plan:
             plan.log, plan.log_max_bytes, plan.log_keep = unescape(where), int(max_bytes), int(keep)
         elif kind == "server" and rest.startswith("sandbox "):
             plan.sandbox = unescape(rest[8:])
-        elif kind in ("python", "argv0", "interposer", "wrapper", "launcher", "sessions", "cwd"):
+        elif kind in (
+            "front",
+            "python",
+            "argv0",
+            "interposer",
+            "wrapper",
+            "launcher",
+            "sessions",
+            "cwd",
+        ):
             setattr(plan, kind, unescape(rest))
     return plan
 

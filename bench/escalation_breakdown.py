@@ -3,8 +3,8 @@
 A bash loop of ``/bin/true`` under ``execgate run --sandbox workspace-write`` with ``true``
 allowed (every exec escalated, as ``exec_overhead.py``'s ``escalate`` row). The loop reads the
 CPU times of the processes of its session from ``/proc`` before and after (bash builtins only,
-so the reading execs nothing): the server (Python, the launcher's parent), the launcher, the
-escalated programs (the launcher's reaped children) and the loop's own children (the fork, the
+so the reading execs nothing): the server (Python: the launcher's parent, or its sibling when
+the native front started the session), the launcher, the escalated programs (the launcher's reaped children) and the loop's own children (the fork, the
 interposer's request and the claimer waiting for the program). Plain bash's children are
 measured the same way in the same rounds. CPU times are less moved by other load than wall
 times, but still moved: compare medians of rounds run together.
@@ -27,6 +27,8 @@ LOOP = r"""
 n={n}
 me() {{ read -r -a s < /proc/$1/stat; echo $(( s[13] + s[14] )) $(( s[15] + s[16] )); }}
 L=$PPID; read -r -a l < /proc/$L/stat; S=${{l[3]}}
+# Started by the native front, the launcher's parent is the front and the server its sibling.
+for c in $(< /proc/$S/task/$S/children); do [ "$c" != "$L" ] && S=$c; done
 if [ "{gated}" = 0 ]; then L=$$; S=$$; fi
 read -r s0 _ <<< "$(me $S)"; read -r l0 c0 <<< "$(me $L)"; read -r _ k0 <<< "$(me $$)"
 t0=$EPOCHREALTIME

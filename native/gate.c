@@ -1398,6 +1398,21 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
         }
     }
 
+    /* A repeated escalation out of the sandbox may be authorized already: claimed without
+     * the server (§4). Inside a sandbox every program a rule names is covered by a stand-in
+     * (§5): only those are tried, so sessions without a sandbox never pay for a miss. A
+     * stand-in the server marked is known by its header alone (longer than "#!WRAPPER
+     * --shadow\n"): a hint, which the launcher never trusts, so neither the snapshot (it asks
+     * about every script) nor the #! chain (the launcher runs its own descriptor) is read
+     * first. On a miss, everything below goes on as if it had not been tried. */
+    if (c->standing && argv && argv[0] && p.abs[0] == '/' && p.kind == K_SCRIPT &&
+        eg_sess.wrapper[0] && eq(p.iname[0], eg_sess.wrapper) && eq(p.iarg[0], "--shadow") &&
+        p.size > strlen(eg_sess.wrapper) + 12) {
+        struct eg_plan standing = {.how = EG_HOW_STANDING, .fd = p.fd, .path = p.abs,
+                                   .argv = argv, .envp = w->envp};
+        (void)run(ctx, &standing);
+    }
+
     if (!snap_needs_ask(&p)) {
         err = run(ctx, &plan);
         prog_close(&p);
@@ -1440,18 +1455,6 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
             prog_close(&p);
             return err;
         }
-    }
-
-    /* A repeated escalation out of the sandbox may be authorized already: claimed without
-     * the server (§4). Inside a sandbox every program a rule names is covered by a stand-in
-     * (§5): only those are tried, so sessions without a sandbox never pay for a miss. */
-    if (c->standing && argv && argv[0] && p.abs[0] == '/' && p.kind == K_SCRIPT &&
-        p.ninterp == 1 && eg_sess.wrapper[0] && eq(p.iname[0], eg_sess.wrapper) &&
-        eq(p.iarg[0], "--shadow") && p.size > strlen(eg_sess.wrapper) + 12) {
-        /* (a stand-in the server marked: longer than "#!WRAPPER --shadow\n") */
-        struct eg_plan standing = {.how = EG_HOW_STANDING, .fd = p.fd, .path = p.abs,
-                                   .argv = argv, .envp = w->envp};
-        (void)run(ctx, &standing);
     }
 
     cwd = get_cwd(w);

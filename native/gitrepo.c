@@ -276,27 +276,43 @@ static int alive(int pidfd)
     return pidfd < 0 || syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0;
 }
 
-enum gr_outcome gr_examine_claim(int sock, pid_t peer, const char *cwd, struct gr_found *out,
+int gr_peer_pidfd(int sock)
+{
+    int pidfd = -1;
+    socklen_t len = sizeof pidfd;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) < 0)
+        pidfd = -1;
+    return pidfd;
+}
+
+/* The launcher's own mount namespace (it never leaves it: sandboxes are set up in children). */
+static int own_mount_ns(struct stat *out)
+{
+    static struct stat mine;
+    static int known;
+    if (!known && stat("/proc/self/ns/mnt", &mine) == 0)
+        known = 1;
+    *out = mine;
+    return known ? 0 : -1;
+}
+
+enum gr_outcome gr_examine_claim(int pidfd, pid_t peer, const char *cwd, struct gr_found *out,
                                  int standing)
 {
     char path[64];
     struct stat mine, theirs;
     out->dot_git[0] = out->git_dir[0] = out->work_tree[0] = '\0';
-    /* The claimer's pidfd (kernels >= 6.5): it refers to the process that connected even if
-     * its pid is reused meanwhile; without one, the pid. */
-    int pidfd = -1;
-    socklen_t len = sizeof pidfd;
-    if (getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) < 0)
-        pidfd = -1;
-    snprintf(path, sizeof path, "/proc/%d/ns/mnt", (int)peer);
     enum gr_outcome outcome = GR_WRITABLE;
     int root = -1;
-    if (stat("/proc/self/ns/mnt", &mine) < 0 || stat(path, &theirs) < 0)
-        goto done;
-    if (!standing && mine.st_dev == theirs.st_dev && mine.st_ino == theirs.st_ino) {
-        if (alive(pidfd)) /* (not another process that got its pid meanwhile) */
-            outcome = GR_AS_IS; /* not in a sandbox */
-        goto done;
+    if (!standing) { /* a standing claim is examined in any mount namespace */
+        snprintf(path, sizeof path, "/proc/%d/ns/mnt", (int)peer);
+        if (own_mount_ns(&mine) < 0 || stat(path, &theirs) < 0)
+            goto done;
+        if (mine.st_dev == theirs.st_dev && mine.st_ino == theirs.st_ino) {
+            if (alive(pidfd)) /* (not another process that got its pid meanwhile) */
+                outcome = GR_AS_IS; /* not in a sandbox */
+            goto done;
+        }
     }
     snprintf(path, sizeof path, "/proc/%d/root", (int)peer);
     root = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -329,8 +345,6 @@ enum gr_outcome gr_examine_claim(int sock, pid_t peer, const char *cwd, struct g
 done:
     if (root >= 0)
         close(root);
-    if (pidfd >= 0)
-        close(pidfd);
     return outcome;
 }
 

@@ -56,14 +56,19 @@ int gr_known_carveouts(const char *list);
  * check (gate/gitrepo.py) would refuse is GR_WRITABLE — the claimer is examined in any mount
  * namespace, and a folder on git's way that it can write and that holds a HEAD (git could take
  * it for a repository) counts as a writable repository.
- * Judge the claim on connected claim socket `sock` from process `peer` (SO_PEERCRED), whose
- * program would start in `cwd` (absolute, as the asking process saw it). A claimer in the
- * launcher's own mount namespace (an escalated program, a session without sandbox) is GR_AS_IS,
- * as the server does not check escalated callers either. A claimer that is gone or was replaced
- * by another process during the check (its pidfd, SO_PEERPIDFD, says so), or whose root or
- * paths cannot be examined, is GR_WRITABLE (fail closed). */
-enum gr_outcome gr_examine_claim(int sock, pid_t peer, const char *cwd, struct gr_found *out,
+ * Judge the claim of process `peer` (SO_PEERCRED), whose program would start in `cwd`
+ * (absolute, as the asking process saw it); `pidfd`: the claimer's (gr_peer_pidfd), or -1. A
+ * claimer in the launcher's own mount namespace (an escalated program, a session without
+ * sandbox) is GR_AS_IS, as the server does not check escalated callers either. A claimer that
+ * is gone or was replaced by another process by the end of the check (its pidfd says so: every
+ * /proc/PID read before this returns was the claimer's), or whose root or paths cannot be
+ * examined, is GR_WRITABLE (fail closed). */
+enum gr_outcome gr_examine_claim(int pidfd, pid_t peer, const char *cwd, struct gr_found *out,
                                  int standing);
+
+/* The pidfd of the process that connected claim socket `sock` (SO_PEERPIDFD, Linux >= 6.5: it
+ * names that process even if its pid is reused meanwhile), or -1. The caller closes it. */
+int gr_peer_pidfd(int sock);
 
 /* A copy of envp (the vector only: the strings stay envp's and found's) without GIT_DIR,
  * GIT_WORK_TREE, GIT_CEILING_DIRECTORIES and GIT_DISCOVERY_ACROSS_FILESYSTEM, with the pin

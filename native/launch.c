@@ -156,6 +156,7 @@ static struct ticket *g_standing; /* standing authorizations, newest first */
 static size_t g_nstanding;    /* at most MAX_STANDING: each holds a descriptor */
 static size_t g_standing_bytes; /* their messages' sizes, at most MAX_STANDING_BYTES */
 static int g_watch = -1;      /* the server's folder watch (inotify): pending events = revoked */
+static int g_reports = -1;    /* where standing claims are reported (a SEQPACKET socket), or -1 */
 static long long g_accept_paused; /* now_ms() until which the claim socket is not polled */
 static int g_last_ended;      /* a `last` spawn was reaped: exit once no child is left */
 static int g_reset[NSIG];     /* signals not at their default disposition here: reset in children */
@@ -986,15 +987,18 @@ static void revoke_standing(void)
 /* EG1 · standing · ID · TOKEN · DISPLAY · PATH · REALPATH · CWD · DEV · INO · CTIME_NS ·
  *       MTIME_NS · SIZE · MODE · NLINK · STANDIN_DEV · STANDIN_INO · ARGC · ARGV… ·
  *       DROPC · NAME… · PREFIXC · PREFIX… ·
- *       KEEPC · ENTRY… · SETC · ENTRY…   + the program's fd, then the server's folder watch
- * Takes ownership of payload and both fds. 0 or -EPROTO. */
-static int handle_standing(struct eg_fields *f, char *payload, size_t len, int fd, int watch)
+ *       KEEPC · ENTRY… · SETC · ENTRY…
+ *   + the program's fd, the server's folder watch, the socket claims are reported on
+ * Takes ownership of payload and the three fds. 0 or -EPROTO. */
+static int handle_standing(struct eg_fields *f, char *payload, size_t len, const int fds[3])
 {
+    int fd = fds[0], watch = fds[1], reports = fds[2];
     struct ticket *t = len <= MAX_STANDING_BYTES ? calloc(1, sizeof *t) : NULL;
     if (!t) {
         free(payload);
         close(fd);
         close(watch);
+        close(reports);
         return 0; /* not kept: its claims ask the server */
     }
     t->mem = payload;
@@ -1015,25 +1019,38 @@ static int handle_standing(struct eg_fields *f, char *payload, size_t len, int f
         t->cwd[0] != '/' || t->realpath[0] != '/' || !t->argv[0] || !t->standin_ino) {
         free_ticket(t);
         close(watch);
+        close(reports);
         return -EPROTO;
     }
     for (char **e = t->set; *e; e++)
         if (!strchr(*e, '=')) {
             free_ticket(t);
             close(watch);
+            close(reports);
             return -EPROTO;
         }
     while (t->argv[t->argc])
         t->argc++;
-    struct stat st;
-    if (fstat(t->fd, &st) < 0 || !S_ISREG(st.st_mode) || fstat(watch, &st) < 0) {
+    /* The judged file is the one the fields describe: while its descriptor is held, no other
+     * file can take its (dev, ino), so a claim compares the path's fstat with the fields. */
+    struct stat st, sock;
+    int type = 0;
+    socklen_t typelen = sizeof type;
+    if (fstat(t->fd, &st) < 0 || !S_ISREG(st.st_mode) || (long long)st.st_dev != t->dev ||
+        (long long)st.st_ino != t->ino || fstat(watch, &sock) < 0 ||
+        getsockopt(reports, SOL_SOCKET, SO_TYPE, &type, &typelen) < 0 ||
+        type != SOCK_SEQPACKET) {
         free_ticket(t);
         close(watch);
+        close(reports);
         return -EPROTO;
     }
     if (g_watch >= 0)
         close(g_watch);
     g_watch = watch;
+    if (g_reports >= 0)
+        close(g_reports);
+    g_reports = reports;
     while (g_standing && (g_nstanding >= MAX_STANDING ||
                           g_standing_bytes + len > MAX_STANDING_BYTES)) { /* the oldest goes */
         struct ticket **pp = &g_standing;
@@ -1263,7 +1280,11 @@ static void drain_control(void)
 static int pin_repository(struct conn *c, const struct ticket *t, char ***envp,
                           struct gr_found *repo)
 {
-    switch (gr_examine_claim(c->fd, c->peer, t->cwd, repo, t->realpath != NULL)) {
+    int pidfd = gr_peer_pidfd(c->fd);
+    enum gr_outcome where = gr_examine_claim(pidfd, c->peer, t->cwd, repo, t->realpath != NULL);
+    if (pidfd >= 0)
+        close(pidfd);
+    switch (where) {
     case GR_AS_IS:
         return 1;
     case GR_PIN: {
@@ -1289,13 +1310,6 @@ static int pin_repository(struct conn *c, const struct ticket *t, char ***envp,
 
 /* -- standing claims (protocol §4 "Standing claims") ----------------------------------------- */
 
-#ifndef SO_PEERPIDFD
-#define SO_PEERPIDFD 77
-#endif
-
-#ifndef SYS_pidfd_send_signal
-#define SYS_pidfd_send_signal 424
-#endif
 
 /* EG1 · KIND: a standing claim's first answer, `go` (its program started) or `miss`. */
 static void conn_send_kind(struct conn *c, const char *kind)
@@ -1349,11 +1363,11 @@ static long long ns_of(const struct timespec *ts)
  * (dev, ino) and that file did not change since the server looked at it (ctime, which every
  * change of content, mode, owner, links or extended attributes moves, and the rest of the
  * fstat); the descriptor's canonical path; PATH names that file (or is that path), as the
- * server's vouched() derives it; the claimer's working directory (/proc, the claimer's
- * pidfd alive afterwards). 1: all equal. */
-static int standing_holds(const struct ticket *t, struct conn *c, int prog)
+ * server's vouched() derives it; the claimer's working directory (/proc: the caller checks
+ * the claimer's pidfd afterwards, gr_examine_claim). 1: all equal. */
+static int standing_holds(const struct ticket *t, struct conn *c, int prog, int pidfd)
 {
-    struct stat mine, theirs;
+    struct stat theirs;
     /* The claimer's descriptor must be the very stand-in the request came through (§5), and
      * the file judged is the program it covers, opened by its path, as the server does. */
     if (fstat(prog, &theirs) < 0 || (long long)theirs.st_dev != t->standin_dev ||
@@ -1372,39 +1386,48 @@ static int standing_holds(const struct ticket *t, struct conn *c, int prog)
     real[n] = '\0';
     if (strcmp(real, t->realpath))
         return 0;
-    if (fstat(t->fd, &mine) < 0 || !S_ISREG(theirs.st_mode) ||
-        theirs.st_dev != mine.st_dev || theirs.st_ino != mine.st_ino ||
-        (long long)mine.st_dev != t->dev || (long long)mine.st_ino != t->ino ||
-        ns_of(&mine.st_ctim) != t->ctime_ns || ns_of(&mine.st_mtim) != t->mtime_ns ||
-        (long long)mine.st_size != t->size || (long long)mine.st_mode != t->mode ||
-        (long long)mine.st_nlink != t->nlink)
+    /* The kept descriptor holds the file of (t->dev, t->ino) (handle_standing): the same
+     * (dev, ino) at the path is that very file, and its fstat now is the server's. */
+    if (!S_ISREG(theirs.st_mode) || (long long)theirs.st_dev != t->dev ||
+        (long long)theirs.st_ino != t->ino || ns_of(&theirs.st_ctim) != t->ctime_ns ||
+        ns_of(&theirs.st_mtim) != t->mtime_ns || (long long)theirs.st_size != t->size ||
+        (long long)theirs.st_mode != t->mode || (long long)theirs.st_nlink != t->nlink)
         return 0;
     if (strcmp(t->path, t->realpath)) {
         struct stat named;
-        if (stat(t->path, &named) < 0 || named.st_dev != mine.st_dev ||
-            named.st_ino != mine.st_ino)
+        if (stat(t->path, &named) < 0 || named.st_dev != theirs.st_dev ||
+            named.st_ino != theirs.st_ino)
             return 0;
     }
-    int pidfd = -1;
-    socklen_t len = sizeof pidfd;
-    if (getsockopt(c->fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) < 0)
-        pidfd = -1;
+    if (pidfd < 0)
+        return 0; /* no pidfd (Linux < 6.5): no standing claims */
     char cwd[PATH_MAX + 1];
     snprintf(link, sizeof link, "/proc/%d/cwd", (int)c->peer);
     n = readlink(link, cwd, sizeof cwd - 1);
-    int same = n > 0;
-    if (same) {
-        cwd[n] = '\0';
-        same = !strcmp(cwd, t->cwd);
-    }
-    /* the cwd read was the claimer's only if it still runs (its pid was not reused) */
-    if (same && pidfd >= 0)
-        same = syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0;
-    else if (pidfd < 0)
-        same = 0; /* no pidfd (Linux < 6.5): no standing claims */
-    if (pidfd >= 0)
-        close(pidfd);
-    return same;
+    if (n <= 0)
+        return 0;
+    cwd[n] = '\0';
+    return !strcmp(cwd, t->cwd);
+}
+
+/* The parent of process pid (/proc/PID/stat), or 0: for the claim's decision record. */
+static pid_t parent_of(pid_t pid)
+{
+    char path[64], text[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    text[n] = '\0';
+    char *end = strrchr(text, ')'); /* the name may hold anything, but not after its ')' */
+    int ppid = 0;
+    if (!end || sscanf(end + 1, " %*c %d", &ppid) != 1)
+        return 0;
+    return ppid;
 }
 
 /* EG1 · standing · TOKEN · PATH · ARGC · ARGV… · NFDS · FD… · ENVC · ENV…
@@ -1459,24 +1482,34 @@ static void handle_standing_claim(struct conn *c, struct eg_fields *f)
     if (!queued)
         drain_control();
     struct ticket *t = NULL;
-    if (!queued && g_control >= 0 && g_report)
+    if (!queued && g_control >= 0 && g_reports >= 0)
         t = find_standing(token, path, argv, (size_t)argc);
     int prog = c->fds[c->nfds - 1];
     char **envp = NULL;
     struct gr_found repo;
     enum gr_outcome where = GR_WRITABLE;
-    if (t && standing_holds(t, c, prog))
-        where = gr_examine_claim(c->fd, c->peer, t->cwd, &repo, 1);
+    pid_t ppid = 0;
+    int pidfd = t ? gr_peer_pidfd(c->fd) : -1;
+    if (t && standing_holds(t, c, prog, pidfd)) {
+        ppid = parent_of(c->peer);
+        /* (checks the pidfd last: the /proc reads above were the claimer's) */
+        where = gr_examine_claim(pidfd, c->peer, t->cwd, &repo, 1);
+    }
+    if (pidfd >= 0)
+        close(pidfd);
     if (where == GR_WRITABLE || !(envp = apply_env(t, env)) ||
-        (where == GR_PIN && !(envp = pin_standing(envp, &repo)))) {
+        (where == GR_PIN && !(envp = pin_standing(envp, &repo))) ||
+        !(c->display = strdup(t->display))) {
         free(envp);
         free(env);
         free(argv);
         conn_miss(c);
         return;
     }
-    /* Reported before it runs: the server logs every escalation; when it cannot be told,
-     * nothing runs and no standing claim is taken any more. */
+    /* Reported before it runs: the server logs every escalation. The report waits in the
+     * socket until the server reads it (in batches: no wake-up of the server per claim); a
+     * full socket (the server is behind) is a miss, the server gone takes every standing
+     * authorization along. One datagram: never half a report. */
     char mem[MAX_TICKET + 128];
     struct eg_buf b;
     eg_buf_init(&b, mem, sizeof mem);
@@ -1484,9 +1517,17 @@ static void handle_standing_claim(struct conn *c, struct eg_fields *f)
     eg_put(&b, "stood");
     eg_put(&b, t->id);
     eg_put_long(&b, c->peer);
-    send_event(&b);
-    if (!g_report || !(c->display = strdup(t->display))) {
-        revoke_standing();
+    eg_put_long(&b, ppid);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    eg_put_long(&b, (long long)now.tv_sec * 1000000 + now.tv_nsec / 1000);
+    ssize_t sent = eg_seal_frame(&b) < 0 ? -1 : send(g_reports, b.data, b.len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (sent != (ssize_t)b.len) {
+        if (sent >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+            close(g_reports);
+            g_reports = -1;
+            revoke_standing();
+        }
         free(envp);
         free(env);
         free(argv);
@@ -1810,12 +1851,12 @@ static int handle_message(char **payload, size_t len, int *fds, int nfds, long l
         r = handle_authorize(&f, kept, fds[0], confined) < 0 ? -EPROTO : 1;
         fds[0] = -1; /* the ticket's now (or closed) */
     } else if (!strcmp(kind, "standing")) {
-        if (nfds != 2)
+        if (nfds != 3)
             return -EPROTO;
         char *kept = *payload;
         *payload = NULL;
-        r = handle_standing(&f, kept, len, fds[0], fds[1]) < 0 ? -EPROTO : 1;
-        fds[0] = fds[1] = -1;
+        r = handle_standing(&f, kept, len, fds) < 0 ? -EPROTO : 1;
+        fds[0] = fds[1] = fds[2] = -1;
     } else if (nfds)
         r = -EPROTO;
     else if (!strcmp(kind, "signal")) {

@@ -169,3 +169,22 @@ def test_env_rules_apply(env):
         assert not name.startswith(b"LD_") or entry == b"LD_X=1"
         same = [e for e in env if b"=" in e and e.partition(b"=")[0] == name]
         assert entry == same[-1] or name == b"LD_X"  # the last value (LD_X: the kept one)
+
+
+@given(st.integers(1, 2**31), st.integers(1, 2**22), st.integers(0, 2**22), st.integers(0, 2**52))
+def test_a_standing_report_is_one_whole_frame(standing_id, pid, ppid, micros):
+    """What the launcher writes on the report socket (native/launch.c): a whole frame."""
+    datagram = protocol.encode("stood", standing_id, pid, ppid, micros)
+    stood = protocol.parse_stood(datagram)
+    assert (stood.standing_id, stood.pid, stood.ppid) == (standing_id, pid, ppid)
+    assert stood.time == micros / 1e6
+    for bad in (
+        datagram[:-1],  # cut: the header says more
+        datagram + b"\0",
+        protocol.encode("stood", standing_id, pid, ppid),  # a field short
+        protocol.encode("exited", standing_id, pid, ppid, micros),
+        protocol.encode("stood", standing_id, pid, "x", micros),
+        b"",
+    ):
+        with pytest.raises(ProtocolError):
+            protocol.parse_stood(bad)

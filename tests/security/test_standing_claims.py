@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -198,3 +199,63 @@ def test_an_interpreter_is_never_standing_a_skill_script_still_asks(
     assert "skill ran" not in stdout and "s=0" not in stdout, (stdout, stderr)
     assert "skill script" in stderr, stderr
     assert escalations(log, "sh tool.sh") == [False, False], log
+
+
+def test_a_server_that_is_behind_loses_no_record_of_a_standing_claim(tmp_path: Path) -> None:
+    """The launcher reports each standing claim before its program starts, on a socket the
+    server reads in batches. While the server does not read at all (stopped here), claims go
+    on until that socket is full; then a claim is a miss and asks the server, which answers
+    once it runs again. No claim runs unrecorded: every escalation has exactly one record,
+    standing or not, naming the claimer and its parent, in the order they ran."""
+    base = tmp_path
+    base.chmod(0o755)
+    ws, out = folders(base)
+    (out / "r").touch()
+    (base / "r.rules").write_text('prefix_rule(["touch"], "allow")\n')
+    time.sleep(1.05)  # the files are a second old: standing may be offered
+    count = 1500  # far more reports than the socket holds
+    script = (
+        f"touch {out}/r; touch {out}/r; echo $EXECGATE_SOCKET > {ws}/socket; echo $$ > {ws}/shell; "
+        f"while [ ! -e {ws}/go ]; do sleep 0.02; done; "
+        f"for i in $(seq 1 {count}); do touch {out}/r; echo $i > {ws}/n; done; echo alive"
+    )
+    cmd = [sys.executable, "-m", "execgate", "run", "--rules", str(base / "r.rules"), *MODE,
+           "--", "bash", "-c", script]  # fmt: skip
+    path = f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
+    # The slow path: this very process is the server.
+    env = {**os.environ, "EXECGATE_HOME": str(base / "home"), "PATH": path,
+           "EXECGATE_FAST_START": "0"}  # fmt: skip
+    session = subprocess.Popen(cmd, cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    blocked = False
+    try:
+        deadline = time.monotonic() + 120
+        while not (ws / "shell").exists():
+            assert time.monotonic() < deadline and session.poll() is None
+            time.sleep(0.02)
+        os.kill(session.pid, signal.SIGSTOP)
+        (ws / "go").touch()
+        # Until a claim asks the stopped server (a connection waits in its gate socket's
+        # accept queue: the report socket was full), or the loop ends.
+        gate = (ws / "socket").read_text().strip()
+        while not blocked and session.poll() is None and time.monotonic() < deadline:
+            listing = subprocess.run(["ss", "-xlH", "src", gate], capture_output=True, text=True)
+            blocked = any(int(line.split()[2]) > 0 for line in listing.stdout.splitlines())
+            time.sleep(0.02)
+    finally:
+        os.kill(session.pid, signal.SIGCONT)
+    stdout, stderr = session.communicate(timeout=180)
+    assert "alive" in stdout.decode(), stderr
+    lines = (base / "home" / "log" / "escalations.log").read_text().splitlines()
+    claims = escalations(lines, f"touch {out}/r")
+    assert len(claims) == count + 2, stderr
+    assert claims[:2] == [False, True]
+    assert blocked, "the loop never had to ask the server"  # (the socket holds far fewer)
+    assert not all(claims[2:])  # that claim was the server's (then standing again)
+    shell = int((ws / "shell").read_text())
+    records = [json.loads(line) for line in (base / "home" / "log" / "decisions.jsonl").open()]
+    touches = [r for r in records if r.get("argv") == ["touch", f"{out}/r"]]
+    assert len(touches) == count + 2
+    standing = [r for r in touches if r["via"] == "standing"]
+    assert standing and all(r["ppid"] == shell for r in standing), standing[:3]
+    times = [r["time"] for r in touches]
+    assert times == sorted(times)  # in the order they ran, batches or not

@@ -133,11 +133,12 @@ class DecisionLog:
         self._failed = False
         atexit.register(self.flush)
 
-    def record(self, entry: Entry | Callable[[], Entry]) -> None:
+    def record(self, entry: Entry | Callable[[], Entry], when: float | None = None) -> None:
         """Queue one decision (or a function that builds it, called when it is written):
         an exec's (``gate.session.decision_entry``), a permission request's
-        (:func:`permission_entry`). ``time``, ``session`` and ``front`` are added here."""
-        self._pending.append((time.time(), entry))
+        (:func:`permission_entry`). ``time`` (``when``, or now), ``session`` and ``front``
+        are added here."""
+        self._pending.append((time.time() if when is None else when, entry))
         self._soon.queued()
 
     def flush(self) -> None:

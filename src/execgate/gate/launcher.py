@@ -28,7 +28,7 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -45,7 +45,6 @@ from execgate.gate.protocol import (
     ProtocolError,
     Spawned,
     SpawnFailed,
-    Stood,
     encode_launcher_signal,
     encode_revoke,
     encode_shutdown,
@@ -232,8 +231,6 @@ class Launcher:
         #: The launcher said nothing of the session is left (§7 ``ended``): it exits 0 now.
         self.ended = False
         self._standing = False  # standing authorizations were posted since the last revoke
-        # Called with (standing id, claimer pid) for each standing claim the launcher took.
-        self.on_stood: Callable[[int, int], None] | None = None
         self._shutdown_task: asyncio.Task[None] | None = None
         self._exit: asyncio.Future[int] = self._loop.create_future()
         self._watch_exit()
@@ -412,13 +409,14 @@ class Launcher:
             raise LauncherError("the session launcher is not running")
         return self._enqueue(authorization.frame(ticket.encode()), [program], borrowed=True)
 
-    def stand(self, frame: bytes, program: int, watch: int) -> None:
+    def stand(self, frame: bytes, program: int, watch: int, reports: int) -> None:
         """Post a standing authorization (``frame``: ``protocol.encode_standing``) with the
-        descriptor of the judged file and the folder watch (§7 ``standing``); both stay the
-        caller's. Its claims are reported to :attr:`on_stood`."""
+        descriptor of the judged file, the folder watch and the socket its claims are reported
+        on (§7 ``standing``); all three stay the caller's."""
         if not self.running:
             raise LauncherError("the session launcher is not running")
-        self._enqueue(frame, [program, watch], borrowed=True).add_done_callback(_ignore_outcome)
+        fds = [program, watch, reports]
+        self._enqueue(frame, fds, borrowed=True).add_done_callback(_ignore_outcome)
         self._standing = True
 
     def revoke(self) -> None:
@@ -616,9 +614,6 @@ class Launcher:
     def _dispatch(self, event: LauncherEvent) -> None:
         if isinstance(event, Ended):
             self.ended = True
-        elif isinstance(event, Stood):
-            if self.on_stood is not None:
-                self.on_stood(event.standing_id, event.pid)
         elif isinstance(event, Spawned):
             process = LaunchedProcess(self, event.spawn_id, event.pid)
             self._running[event.spawn_id] = process

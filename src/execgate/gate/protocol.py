@@ -386,15 +386,34 @@ class Ended:
     """Nothing of the session is left (the ``last`` program's ``exited`` follows; §7)."""
 
 
+LauncherEvent = Spawned | SpawnFailed | Exited | Ended
+
+
 @dataclass(frozen=True, slots=True)
 class Stood:
-    """A standing authorization was claimed by process ``pid`` (its program starts now)."""
+    """A standing authorization was claimed by process ``pid``, whose parent was ``ppid`` (0:
+    unknown), at ``time`` (seconds since the epoch); its program started then (§7, the
+    report socket)."""
 
     standing_id: int
     pid: int
+    ppid: int
+    time: float
 
 
-LauncherEvent = Spawned | SpawnFailed | Exited | Stood | Ended
+def parse_stood(datagram: bytes) -> Stood:
+    """One report of the standing-claims socket: a whole frame (header and payload)."""
+    if len(datagram) <= HEADER.size or HEADER.unpack_from(datagram)[0] != len(datagram) - 4:
+        raise ProtocolError("a standing report is not one whole frame")
+    fields = split_payload(datagram[HEADER.size :])
+    if fields[0] != b"stood" or len(fields) != 5:
+        raise ProtocolError(f"unknown standing report {fields[0][:20]!r}")
+    return Stood(
+        parse_int(fields[1], "id"),
+        parse_int(fields[2], "pid"),
+        parse_int(fields[3], "ppid"),
+        parse_int(fields[4], "time") / 1e6,
+    )
 
 
 def parse_launcher_event(fields: list[bytes]) -> LauncherEvent:
@@ -407,8 +426,6 @@ def parse_launcher_event(fields: list[bytes]) -> LauncherEvent:
             parse_int(fields[2], "errno"),
             fields[3].decode("utf-8", "replace"),
         )
-    if kind == b"stood" and len(fields) == 3:
-        return Stood(parse_int(fields[1], "id"), parse_int(fields[2], "pid"))
     if kind == b"exited" and len(fields) == 3:
         return Exited(parse_int(fields[1], "id"), parse_int(fields[2], "wait status"))
     if kind == b"ended" and len(fields) == 1:

@@ -63,11 +63,11 @@ from execgate.gate.launcher import (
     authorization,
 )
 from execgate.gate.livepolicy import LivePolicy
-from execgate.gate.program import GatedExec, parent_pid, runs_file, vouched
-from execgate.gate.protocol import Authorization, EnvRules, ExecRequest, ProtocolError
+from execgate.gate.program import GatedExec, runs_file, vouched
+from execgate.gate.protocol import Authorization, EnvRules, ExecRequest, ProtocolError, Stood
 from execgate.gate.server import GateServer, Peer, Reply
 from execgate.gate.snapshot import SealedSnapshot
-from execgate.gate.standing import STANDING_VIA, Standing
+from execgate.gate.standing import STANDING_VIA, Granted, Standing
 from execgate.gate.standins import StandIns
 from execgate.netproxy.variables import PROXY_VARIABLE_NAMES, proxy_variables
 from execgate.policy import allow_rule_line
@@ -144,8 +144,8 @@ class _Unlogged:
         self._soon = FlushSoon(self.flush)
         atexit.register(self.flush)
 
-    def add(self, exec_: GatedExec, action: Action, sandbox: str) -> None:
-        self._items.append((time.time(), exec_, action, sandbox))
+    def add(self, exec_: GatedExec, action: Action, sandbox: str, when: float | None) -> None:
+        self._items.append((time.time() if when is None else when, exec_, action, sandbox))
         self._soon.queued()
 
     def flush(self) -> None:
@@ -732,6 +732,8 @@ class EscalationSession:
 
     def flush_records(self) -> None:
         """Write the session's decisions now (:meth:`aclose` does it too)."""
+        if self._standing is not None:
+            self._standing.drain()  # claims the launcher reported and we did not read yet
         _unlogged.flush()
         if self.decisions is not None:
             self.decisions.flush()  # the log is the front end's; its records are written now
@@ -910,25 +912,25 @@ class EscalationSession:
     ) -> None:
         """Offer a standing authorization for claims of exactly this exec (gate/standing.py)."""
         if self._standing is None:
-            self._standing = Standing(self.launcher, self.token, self.live.watch_fd())
-            self.launcher.on_stood = self._stood
+            self._standing = Standing(self.launcher, self.token, self.live.watch_fd(), self._stood)
             self._unrevoke = self.live.on_change(self._standing.revoke)
         env = self.escalated_env_rules()
         if self._standing.offer(exec_, request, program, runs, action, env, through):
             assert self.standins is not None  # (a request came through one)
             self.standins.mark_standing(through[1])
 
-    def _stood(self, standing_id: int, pid: int) -> None:
+    def _stood(self, stood: Stood, granted: Granted | None) -> None:
         """The launcher took a standing claim: its decision record, as the server would have
-        written it (after the program started)."""
-        granted = self._standing.claimed(standing_id) if self._standing else None
+        written it (read after the program started, with others reported meanwhile)."""
         if granted is None:
             log.warning(
-                "gate: unknown standing authorization %d claimed by pid %d", standing_id, pid
+                "gate: unknown standing authorization %d claimed by pid %d",
+                stood.standing_id,
+                stood.pid,
             )
             return
-        exec_ = replace(granted.exec, pid=pid, ppid=parent_pid(pid), via=STANDING_VIA)
-        self._record(exec_, granted.action)
+        exec_ = replace(granted.exec, pid=stood.pid, ppid=stood.ppid, via=STANDING_VIA)
+        self._record(exec_, granted.action, when=stood.time)
 
     @functools.cached_property
     def sandbox_text(self) -> str:
@@ -936,6 +938,8 @@ class EscalationSession:
         return self.sandbox.describe() if self.sandbox else "off"
 
     def refused(self, peer: Peer, why: str) -> None:
+        if self._standing is not None:
+            self._standing.drain()  # the claims made before this come first
         if self.decisions is not None:
             call = self.call
             self.decisions.record(
@@ -967,19 +971,23 @@ class EscalationSession:
         asked: tuple[ApprovalRequest, Approval] | None = None,
         *,
         closed: bool = False,
+        when: float | None = None,
     ) -> None:
         """Log a decision: the escalations log and the decision log, both after the answer
-        (``closed``: refused without judging, or with the policy failed closed)."""
+        (``closed``: refused without judging, or with the policy failed closed; ``when``: the
+        time it was made, if not now: a standing claim's)."""
+        if when is None and self._standing is not None:
+            self._standing.drain()  # the claims made before this decision come first
         self.verdicts[action.verdict] += 1
         if escalations.isEnabledFor(logging.INFO) and (
             action.verdict == Verdict.ESCALATE or (action.verdict == Verdict.RUN and action.reason)
         ):
-            _unlogged.add(exec_, action, self.sandbox_text)
+            _unlogged.add(exec_, action, self.sandbox_text, when)
         if self.decisions is not None:
             closed = closed or (action.judgement is None and bool(self.live.fail_closed_reason))
             call, sandbox = self.call, self.sandbox_text
             self.decisions.record(
-                lambda: decision_entry(exec_, action, asked, closed, call, sandbox)
+                lambda: decision_entry(exec_, action, asked, closed, call, sandbox), when
             )
 
     async def _ask_then_answer(
@@ -1118,6 +1126,8 @@ class EscalationSession:
         if self._proxy is not None:  # its listeners' namespaces are gone: nothing is left
             await asyncio.get_running_loop().run_in_executor(None, self._proxy.stop)
             self._proxy = None
+        if self._standing is not None:
+            self._standing.close()  # (after the launcher: no claim is reported any more)
         self.flush_records()
         if self.sealed_snapshot is not None:
             self.sealed_snapshot.close()

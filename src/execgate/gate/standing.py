@@ -9,6 +9,13 @@ launcher derives itself from the claimer and the file at that moment (§4 "Stand
 its own descriptor of the judged file, and reports the claim (``stood``) so the decision log
 still has one record per escalation.
 
+The reports come on a socket of their own (§7 ``standing``), which the session reads in
+batches: a loop of standing claims wakes it at most once per :data:`REPORT_PAUSE` (a claim it
+would otherwise answer itself costs the server a wake-up and ~0.3 ms of Python each), and
+:meth:`Standing.drain` reads what is there whenever records must be complete (a call's
+answer, the session's end). A report is in the socket before the program starts, so a
+launcher that dies afterwards loses none.
+
 Offered only for what nothing but those facts decides: a program (no ``#!`` chain, not the
 loader) that does not leave the gate, escalated by a kept action (an ``allow`` rule naming it
 by a bare name: no human, no approval, no skill script; not an interpreter that could be given
@@ -23,16 +30,29 @@ also depends on (policy, aliases, contents, skill folders, approvals) revokes th
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import socket
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from execgate.gate.escalation import Action
 from execgate.gate.identity import ExecFile, FileId
 from execgate.gate.launcher import Launcher, LauncherError
 from execgate.gate.program import GatedExec
-from execgate.gate.protocol import EnvRules, ExecRequest, ProtocolError, encode_standing
+from execgate.gate.protocol import (
+    EnvRules,
+    ExecRequest,
+    ProtocolError,
+    Stood,
+    encode_standing,
+    parse_stood,
+)
 from execgate.gate.skills import INTERPRETERS, interpreter_name
+
+log = logging.getLogger("execgate.gate")
 
 #: The ``via`` of a standing claim's record (the decision log, the escalations log).
 STANDING_VIA = "standing"
@@ -44,6 +64,10 @@ MAX_FRAME = 64 << 10
 LOGGED = 256
 #: A file whose ctime is younger than this may still change within the same clock tick.
 _SETTLED_NS = 1_000_000_000
+#: Seconds between two readings of the claims' reports at most (the reports wait meanwhile).
+REPORT_PAUSE = 0.05
+#: A report's size at most (native/launch.c: an ID of up to 255 bytes and two numbers).
+_REPORT_SIZE = 512
 
 
 def _may_run_a_script(exec_: GatedExec) -> bool:
@@ -63,16 +87,31 @@ class Granted:
     action: Action
 
 
-class Standing:
-    """The standing authorizations of one session's launcher."""
+#: Called for each claim the launcher reported, with what its authorization was made from
+#: (None: an id this session no longer knows, or never gave).
+OnClaim = Callable[[Stood, Granted | None], None]
 
-    def __init__(self, launcher: Launcher, token: str, watch_fd: int | None) -> None:
+
+class Standing:
+    """The standing authorizations of one session's launcher, and the reports of their claims
+    (to ``on_claim``). Made on the event loop; :meth:`close` it with the session."""
+
+    def __init__(
+        self, launcher: Launcher, token: str, watch_fd: int | None, on_claim: OnClaim
+    ) -> None:
         self._launcher = launcher
         self._token = token.encode()
         self._watch_fd = watch_fd
+        self._on_claim = on_claim
         self._ids = 0
         self._offered: dict[tuple[object, ...], int] = {}  # exec's facts -> id
         self._granted: OrderedDict[int, Granted] = OrderedDict()  # id -> what it logs
+        # Datagrams: a report is whole or not there (the launcher never sends half of one).
+        self._reports, self._report_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._reports.setblocking(False)
+        self._loop = asyncio.get_running_loop()
+        self._paused: asyncio.TimerHandle | None = None
+        self._loop.add_reader(self._reports.fileno(), self._readable)
 
     def offer(
         self,
@@ -125,7 +164,7 @@ class Standing:
             )
             if len(frame) > MAX_FRAME:
                 return False
-            self._launcher.stand(frame, runs, self._watch_fd)
+            self._launcher.stand(frame, runs, self._watch_fd, self._report_end.fileno())
         except (LauncherError, ProtocolError):
             return False
         if len(self._offered) >= LIMIT:  # the launcher let its oldest go too
@@ -142,6 +181,40 @@ class Standing:
             self._offered.clear()
             self._launcher.revoke()
 
-    def claimed(self, standing_id: int) -> Granted | None:
-        """What the standing authorization a launcher reported a claim of was made from."""
-        return self._granted.get(standing_id)
+    # -- the claims' reports --------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Hand every claim reported so far to ``on_claim``, without waiting."""
+        while True:
+            try:
+                datagram = self._reports.recv(_REPORT_SIZE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # closed (drain after close)
+                return
+            try:
+                stood = parse_stood(datagram)
+            except ProtocolError as exc:
+                log.warning("gate: a malformed report of a standing claim: %s", exc)
+                continue
+            self._on_claim(stood, self._granted.get(stood.standing_id))
+
+    def _readable(self) -> None:
+        self.drain()
+        # At most one wake-up per pause: reports of the claims meanwhile wait in the socket.
+        self._loop.remove_reader(self._reports.fileno())
+        self._paused = self._loop.call_later(REPORT_PAUSE, self._resume)
+
+    def _resume(self) -> None:
+        self._paused = None
+        self._loop.add_reader(self._reports.fileno(), self._readable)
+
+    def close(self) -> None:
+        """Read the last reports, then stop (the launcher is gone or no longer claims)."""
+        self.drain()
+        if self._paused is not None:
+            self._paused.cancel()
+        elif self._reports.fileno() >= 0:
+            self._loop.remove_reader(self._reports.fileno())
+        self._reports.close()
+        self._report_end.close()

@@ -1536,7 +1536,6 @@ static void handle_standing_claim(struct conn *c, struct eg_fields *f)
     }
     close(prog);
     c->nfds--;
-    conn_send_kind(c, "go");
     pid_t pgid = getpgid(c->peer);
     struct spawn s = {.pgid = pgid > 0 ? pgid : 0, .cwd = t->cwd, .path = t->realpath,
                       .execfd = t->fd, .nfds = c->nfds, .dst = dst, .argv = t->argv,
@@ -1551,10 +1550,14 @@ static void handle_standing_claim(struct conn *c, struct eg_fields *f)
         conn_deny(c, "execgate: cannot run ", t->display, ": cannot start it: ", strerror(-r));
     } else {
         c->pid = p.pid;
-        if (p.state == P_FAILED)
-            claim_failed(c, failure.msg);
-        else
+        if (p.state == P_FAILED) {
+            claim_failed(c, failure.msg); /* (a `deny` instead of `go`) */
+        } else {
+            /* `go` once the program runs (vfork: it has exec'ed): what the claimer does then
+             * (signals, descriptors) overlaps the program instead of delaying its start */
+            conn_send_kind(c, "go");
             claim_running(c);
+        }
     }
     free(envp);
     free(env);

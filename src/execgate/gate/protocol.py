@@ -392,8 +392,9 @@ LauncherEvent = Spawned | SpawnFailed | Exited | Ended
 @dataclass(frozen=True, slots=True)
 class Stood:
     """A standing authorization was claimed by process ``pid``, whose parent was ``ppid`` (0:
-    unknown), at ``time`` (seconds since the epoch); its program started then (§7, the
-    report socket)."""
+    unknown), at ``time`` (seconds since the epoch): the launcher escalated it then, and its
+    program starts right after (or fails to, and its claimer is denied; §7, the report
+    socket)."""
 
     standing_id: int
     pid: int

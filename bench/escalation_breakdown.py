@@ -4,10 +4,11 @@ A bash loop of ``/bin/true`` under ``execgate run --sandbox workspace-write`` wi
 allowed (every exec escalated, as ``exec_overhead.py``'s ``escalate`` row). The loop reads the
 CPU times of the processes of its session from ``/proc`` before and after (bash builtins only,
 so the reading execs nothing): the server (Python: the launcher's parent, or its sibling when
-the native front started the session), the launcher, the escalated programs (the launcher's reaped children) and the loop's own children (the fork, the
-interposer's request and the claimer waiting for the program). Plain bash's children are
-measured the same way in the same rounds. CPU times are less moved by other load than wall
-times, but still moved: compare medians of rounds run together.
+the native front started the session), the launcher, the escalated programs (the launcher's
+reaped children) and the loop's own children (the fork, the interposer's request and the
+claimer waiting for the program). Plain bash's children are measured the same way in the same
+rounds. CPU times are less moved by other load than wall times, but still moved: compare
+medians of rounds run together.
 
     python bench/escalation_breakdown.py [--execs 2000] [--rounds 5]
 """

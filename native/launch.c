@@ -1410,26 +1410,6 @@ static int standing_holds(const struct ticket *t, struct conn *c, int prog, int 
     return !strcmp(cwd, t->cwd);
 }
 
-/* The parent of process pid (/proc/PID/stat), or 0: for the claim's decision record. */
-static pid_t parent_of(pid_t pid)
-{
-    char path[64], text[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, text, sizeof text - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    text[n] = '\0';
-    char *end = strrchr(text, ')'); /* the name may hold anything, but not after its ')' */
-    int ppid = 0;
-    if (!end || sscanf(end + 1, " %*c %d", &ppid) != 1)
-        return 0;
-    return ppid;
-}
-
 /* EG1 · standing · TOKEN · PATH · ARGC · ARGV… · NFDS · FD… · ENVC · ENV…
  *   (+ the NFDS descriptors, then the program's)
  * Answers `miss` unless a standing authorization holds for every fact (standing_holds, the
@@ -1491,7 +1471,8 @@ static void handle_standing_claim(struct conn *c, struct eg_fields *f)
     pid_t ppid = 0;
     int pidfd = t ? gr_peer_pidfd(c->fd) : -1;
     if (t && standing_holds(t, c, prog, pidfd)) {
-        ppid = parent_of(c->peer);
+        if (eg_read_stat(c->peer, &ppid, NULL) < 0) /* for the claim's decision record */
+            ppid = 0;
         /* (checks the pidfd last: the /proc reads above were the claimer's) */
         where = gr_examine_claim(pidfd, c->peer, t->cwd, &repo, 1);
     }
@@ -1521,7 +1502,9 @@ static void handle_standing_claim(struct conn *c, struct eg_fields *f)
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     eg_put_long(&b, (long long)now.tv_sec * 1000000 + now.tv_nsec / 1000);
-    ssize_t sent = eg_seal_frame(&b) < 0 ? -1 : send(g_reports, b.data, b.len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t sent = -1;
+    if (eg_seal_frame(&b) == 0)
+        sent = send(g_reports, b.data, b.len, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (sent != (ssize_t)b.len) {
         if (sent >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
             close(g_reports);

@@ -210,11 +210,14 @@ class Standing:
         self._loop.add_reader(self._reports.fileno(), self._readable)
 
     def close(self) -> None:
-        """Read the last reports, then stop (the launcher is gone or no longer claims)."""
+        """Read the last reports, then stop (the launcher is gone or no longer claims).
+        Idempotent."""
+        if self._reports.fileno() < 0:
+            return
         self.drain()
         if self._paused is not None:
             self._paused.cancel()
-        elif self._reports.fileno() >= 0:
+        else:
             self._loop.remove_reader(self._reports.fileno())
         self._reports.close()
         self._report_end.close()

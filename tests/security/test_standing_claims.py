@@ -259,3 +259,44 @@ def test_a_server_that_is_behind_loses_no_record_of_a_standing_claim(tmp_path: P
     assert standing and all(r["ppid"] == shell for r in standing), standing[:3]
     times = [r["time"] for r in touches]
     assert times == sorted(times)  # in the order they ran, batches or not
+
+
+GRAB = r"""
+import ctypes, os, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+launcher = int(sys.argv[1])
+got = []
+for n in range(256):
+    try:
+        os.close(os.open(f"/proc/{launcher}/fd/{n}", os.O_RDWR))
+        got.append(f"open {n}")
+    except OSError:
+        pass
+pidfd = libc.syscall(434, launcher, 0)  # pidfd_open
+for n in range(256 if pidfd >= 0 else 0):
+    if libc.syscall(438, pidfd, n, 0) >= 0:  # pidfd_getfd
+        got.append(f"getfd {n}")
+for n in os.listdir("/proc/self/fd"):
+    try:
+        kind = socket.socket(fileno=os.dup(int(n))).type
+    except OSError:
+        continue
+    if kind == socket.SOCK_SEQPACKET:
+        got.append(f"own {n}")
+print("got", got)
+"""
+
+
+def test_a_sandboxed_process_cannot_reach_the_report_socket(place: tuple[Any, Path]) -> None:
+    """Once standing authorizations exist, the launcher holds their report socket: nothing in
+    the sandbox can open its descriptors (/proc/PID/fd), take one (pidfd_getfd) or inherit
+    one, so no claim's report can be forged or suppressed."""
+    user, base = place
+    ws, out = folders(base)
+    (out / "r").touch()
+    (ws / "grab.py").write_text(GRAB)
+    script = f'touch {out}/r; touch {out}/r; python3 {ws}/grab.py "$PPID"; echo alive'
+    stdout, stderr, log = run_session(user, base, 'prefix_rule(["touch"], "allow")\n', script)
+    assert "alive" in stdout, (stdout, stderr)
+    assert escalations(log, f"touch {out}/r") == [False, True], log  # one is standing
+    assert "got []" in stdout, stdout

@@ -1370,8 +1370,13 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
             c->denied = 1;
             return EACCES;
         }
-        plan.how = EG_HOW_GATE;
-        plan.path = p.abs;
+        /* decided here when the snapshot can (exactly the check below): the caller then
+         * spawns this very descriptor; the wrapper is a gate of its own */
+        int is_wrapper = p.real[0] && eq(p.real, eg_sess.wrapper);
+        if (!c->spawn_fd || is_wrapper || snap_needs_ask(&p)) {
+            plan.how = EG_HOW_GATE;
+            plan.path = p.abs;
+        }
         err = run(ctx, &plan);
         prog_close(&p);
         return err;
@@ -1598,7 +1603,7 @@ __attribute__((noinline)) static int search(struct eg_call *c, struct work *w, e
             int r = attempt(c, w, AT_FDCWD, cand, 0, c->argv, run, ctx);
             if (r == ENOEXEC && c->sh_fallback && !c->denied)
                 r = sh_fallback(c, w, cand, c->argv, run, ctx);
-            if (r == 0 || c->denied)
+            if (r == 0 || c->denied || c->settled)
                 return r;
             switch (r) {
             case EACCES:
@@ -1625,6 +1630,7 @@ __attribute__((noinline)) static int search(struct eg_call *c, struct work *w, e
 int eg_gate(struct eg_call *c, eg_run_fn run, void *ctx)
 {
     c->denied = 0;
+    c->settled = 0;
     if (!eg_sess.ok) {
         eg_deny_line(c->argv, c->path, "no execgate session: ", eg_sess.reason);
         c->denied = 1;

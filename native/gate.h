@@ -93,6 +93,9 @@ struct eg_call {
     int resolve_only;         /* find and open the program only (errors as usual), then
                                * hand run() an EG_HOW_GATE plan: posix_spawn cannot execute a
                                * descriptor, so the wrapper it starts decides and execs */
+    int spawn_fd;             /* with resolve_only: a program the snapshot lets run is handed
+                               * to run() as an EG_HOW_FD plan instead (the caller can spawn
+                               * the descriptor itself, spawn.h); the rest still EG_HOW_GATE */
     const char *search_path;  /* PATH value; NULL = "/bin:/usr/bin" */
     int standing;             /* try run() with an EG_HOW_STANDING plan before asking the
                                * server about a stand-in the server marked (§4, §5) */
@@ -100,6 +103,8 @@ struct eg_call {
     char *const *envp;
     /* out */
     int denied;               /* the exec was refused (message already written to fd 2) */
+    int settled;              /* set by run(): its failure is the call's answer (a spawned
+                               * child that failed); no further PATH candidate is tried */
 };
 
 /* Decide and carry out one exec. Returns 0 (a spawn succeeded; exec plans do not return on

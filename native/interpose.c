@@ -45,6 +45,7 @@
 
 #include "common.h"
 #include "gate.h"
+#include "spawn.h"
 #include "sys.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -316,11 +317,16 @@ struct spawn_ctx {
     pid_t *pid;
     const posix_spawn_file_actions_t *fa;
     const posix_spawnattr_t *attr;
+    struct eg_call *call;
 };
 
 static int spawn_run(void *vctx, const struct eg_plan *plan)
 {
     struct spawn_ctx *x = vctx;
+    if (plan->how == EG_HOW_FD) { /* decided here: spawn the judged descriptor (spawn.h) */
+        x->call->settled = 1;   /* a child ran: its failure is posix_spawn's answer */
+        return eg_spawn_fd(x->pid, plan->fd, x->fa, x->attr, plan->argv, plan->envp);
+    }
     spawn_fn spawn = real_posix_spawn();
     if (!spawn)
         return ENOSYS;
@@ -361,13 +367,14 @@ static int gated_spawn(const char *via, int search, pid_t *pid, const char *path
     char argv0[48] = "execgate-via-";
     size_t vlen = strlen(via);
     memcpy(argv0 + 13, via, vlen < 34 ? vlen + 1 : 1);
-    struct spawn_ctx x = {.wrapper_argv0 = argv0, .pid = pid ? pid : &dummy, .fa = fa,
-                          .attr = attr};
     struct eg_call c = {.via = via, .dirfd = AT_FDCWD, .path = path, .fd = -1, .search = search,
                         .search_path = search ? caller_path() : NULL, .resolve_only = 1,
                         .argv = argv, .envp = envp};
+    struct spawn_ctx x = {.wrapper_argv0 = argv0, .pid = pid ? pid : &dummy, .fa = fa,
+                          .attr = attr, .call = &c};
     if (!path)
         return EFAULT;
+    c.spawn_fd = argv && eg_spawn_supported(fa, attr);
     int saved = errno;
     int r = eg_gate(&c, spawn_run, &x);
     if (denied)

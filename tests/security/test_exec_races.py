@@ -3,7 +3,8 @@
 Small C programs race the gate for real inside `execgate run` (every sandbox mode, as root and
 as an unprivileged user), a bounded number of attempts within a few seconds each: a script
 swapped for a symlink with renameat2(RENAME_EXCHANGE), a #! line rewritten in place on the
-same inode, and posix_spawn with a closefrom file action while the path is swapped. The
+same inode, and posix_spawn while the path is swapped, with a closefrom file action or with
+file actions that make every descriptor number a copy of the forbidden program. The
 forbidden program is an ELF that proves it ran by creating a file; it must never appear."""
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
     os.chown(root, uid, gid)
 
 
-@pytest.mark.parametrize("race", ["exchange-exec", "rewrite-exec", "exchange-spawn"])
+@pytest.mark.parametrize("race", ["exchange-exec", "rewrite-exec", "exchange-spawn", "dup2-spawn"])
 @pytest.mark.parametrize("mode", MODES)
 def test_races_never_run_the_forbidden_program(place, mode: str, race: str) -> None:  # type: ignore[no-untyped-def]
     user, base = place
@@ -56,7 +57,7 @@ def test_races_never_run_the_forbidden_program(place, mode: str, race: str) -> N
     race_dir = ws / "r"
     race_dir.mkdir()
     os.symlink(bin_dir / "forbidden", race_dir / "t")
-    if race == "exchange-spawn":
+    if race in ("exchange-spawn", "dup2-spawn"):
         os.symlink(bin_dir / "good", race_dir / "s")
     else:
         (race_dir / "s").write_text("#!/bin/sh\nexit 0\n")

@@ -8,6 +8,9 @@
  *                                    forbidden line) while DIR/s is exec'd over and over
  *   race exchange-spawn DIR SECONDS  as exchange-exec, with posix_spawn and a closefrom file
  *                                    action (the descriptor a spawn would exec is closed)
+ *   race dup2-spawn DIR SECONDS      as exchange-spawn, the file actions making every number
+ *                                    the gate's descriptor could have a copy of the forbidden
+ *                                    program (opened before the race)
  *
  * Prints "attempts=N" and exits 0. The forbidden program proves itself by creating a file. */
 #define _GNU_SOURCE
@@ -66,6 +69,7 @@ int main(int argc, char **argv)
     dirfd_ = open(".", O_RDONLY | O_DIRECTORY);
     double end = now() + atof(argv[3]);
     pthread_t racer;
+    int forbidden = openat(dirfd_, "t", O_RDONLY); /* DIR/t is the forbidden program still */
     if (!strcmp(mode, "rewrite-exec")) {
         FILE *f = fopen("alt", "r");
         if (!f || !fgets(lines[1], sizeof lines[1], f))
@@ -79,7 +83,10 @@ int main(int argc, char **argv)
     } else {
         pthread_create(&racer, NULL, exchanger, NULL);
     }
-    int spawn = !strcmp(mode, "exchange-spawn");
+    int dup2_spawn = !strcmp(mode, "dup2-spawn");
+    int spawn = dup2_spawn || !strcmp(mode, "exchange-spawn");
+    if (dup2_spawn && forbidden < 0)
+        return 2;
     long attempts = 0;
     char *args[] = {"s", NULL};
     while (now() < end && attempts < 5000) {
@@ -88,7 +95,13 @@ int main(int argc, char **argv)
         if (spawn) {
             posix_spawn_file_actions_t fa;
             posix_spawn_file_actions_init(&fa);
-            posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+            if (dup2_spawn) {
+                for (int fd = 3; fd < 40; fd++)
+                    if (fd != forbidden)
+                        posix_spawn_file_actions_adddup2(&fa, forbidden, fd);
+            } else {
+                posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+            }
             int r = posix_spawn(&pid, "./s", &fa, NULL, args, environ);
             posix_spawn_file_actions_destroy(&fa);
             if (r)

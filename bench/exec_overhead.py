@@ -22,6 +22,9 @@ Configurations:
                         asks, and the server compares contents (digest cached), then runs it
   ..., no decision log  the same with `[log] enabled = false`: what the always-on decision
                         log costs a server-decided or escalated exec (target: at most 3%)
+  posix_spawn ...       a Python loop of os.posix_spawn + waitpid of the same program (glibc's
+                        posix_spawn, as make, cargo and system() use it), plainly and gated by
+                        the snapshot: the ratio is against the plain posix_spawn loop
 Targets (issue #3): run <= 1.25x plain, escalate <= 2x plain. Codex's shell-tool MCP measures
 about 2.4x and 4.2x on the same kind of loop (shared/reference/anchor-observed.md).
 """
@@ -57,6 +60,24 @@ CONFIGS: dict[str, tuple[str | None, list[str]]] = {
     ),
     "run (content check)": ('prefix_rule(["{home}/look-alike"], "forbidden")\n', []),
 }
+# posix_spawn loops: name -> (rules text or None for no execgate, extra `execgate run` options)
+SPAWN_CONFIGS: dict[str, tuple[str | None, list[str]]] = {
+    "posix_spawn plain": (None, []),
+    "posix_spawn (snapshot)": ('prefix_rule(["git", "push"], "prompt")\n', []),
+    "posix_spawn, w-write": (
+        'prefix_rule(["git", "push"], "prompt")\n',
+        ["--sandbox", "workspace-write"],
+    ),
+}
+SPAWN_LOOP = (
+    "import os, sys, time\n"
+    "n, prog = int(sys.argv[1]), sys.argv[2]\n"
+    "start = time.perf_counter()\n"
+    "for _ in range(n):\n"
+    "    os.waitpid(os.posix_spawn(prog, [prog], os.environ), 0)\n"
+    "print(int((time.perf_counter() - start) / n * 1e6))\n"
+)
+
 # Configurations run again with the decision log off: name -> the configuration it mirrors.
 NO_LOG = {
     "round trip, no log": "run (round trip)",
@@ -86,6 +107,18 @@ def measure(
     return int(out.stdout.strip().splitlines()[-1])
 
 
+def measure_spawn(
+    rules: Path | None, options: list[str], execs: int, env: dict[str, str], program: Path
+) -> int:
+    """Microseconds per posix_spawn + waitpid of one run of the Python loop."""
+    cmd = [sys.executable, "-c", SPAWN_LOOP, str(execs), str(program)]
+    if rules is not None:
+        gate = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), *options]
+        cmd = [*gate, "--", *cmd]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--execs", type=int, default=2000)
@@ -107,15 +140,17 @@ def main() -> None:
         (quiet / "config.toml").write_text("[log]\nenabled = false\n")
         no_log_env = {**env, "EXECGATE_HOME": str(quiet)}
         rules: dict[str, Path | None] = {}
-        for name, (text, _) in CONFIGS.items():
+        for name, (text, _) in [*CONFIGS.items(), *SPAWN_CONFIGS.items()]:
             if text is None:
                 rules[name] = None
             else:
                 path = home / f"{len(rules)}.rules"
                 path.write_text(text.format(home=home))
                 rules[name] = path
-        samples: dict[str, list[int]] = {name: [] for name in [*CONFIGS, *NO_LOG]}
+        samples: dict[str, list[int]] = {name: [] for name in [*CONFIGS, *NO_LOG, *SPAWN_CONFIGS]}
         for _ in range(args.rounds):
+            for name, (_, options) in SPAWN_CONFIGS.items():
+                samples[name].append(measure_spawn(rules[name], options, args.execs, env, program))
             for name, (_, options) in CONFIGS.items():
                 samples[name].append(measure(rules[name], options, args.execs, env, program))
             for name, mirrored in NO_LOG.items():
@@ -124,12 +159,14 @@ def main() -> None:
                     measure(rules[mirrored], options, args.execs, no_log_env, program)
                 )
     plain = statistics.median(samples["plain"])
+    spawn_plain = statistics.median(samples["posix_spawn plain"])
     print(f"per-exec cost, bash loop of {args.execs} {program}, median of {args.rounds} rounds")
     print(f"machine: {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}")
     for name, values in samples.items():
         median = statistics.median(values)
+        base = spawn_plain if name in SPAWN_CONFIGS else plain
         print(
-            f"  {name:22} {median:7.0f} us/exec  {median / plain:5.2f}x plain"
+            f"  {name:22} {median:7.0f} us/exec  {median / base:5.2f}x plain"
             f"   (min {min(values)}, max {max(values)})"
         )
     for name, mirrored in NO_LOG.items():

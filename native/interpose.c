@@ -383,6 +383,21 @@ static int gated_spawn(const char *via, int search, pid_t *pid, const char *path
     return r;
 }
 
+typedef int (*fa_init_fn)(posix_spawn_file_actions_t *);
+static fa_init_fn real_fa_init_fn;
+
+/* Where a program builds file actions, glibc's layout of them is checked (spawn.h): here it
+ * is in an ordinary context, as the actions' own malloc calls are. */
+EXPORT int posix_spawn_file_actions_init(posix_spawn_file_actions_t *fa)
+{
+    fa_init_fn init = (fa_init_fn)real_fn((void **)&real_fa_init_fn,
+                                          "posix_spawn_file_actions_init");
+    if (!init)
+        return ENOSYS;
+    eg_spawn_check_layout(init);
+    return init(fa);
+}
+
 EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
                        const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {

@@ -86,12 +86,14 @@ static int probe_matches(const posix_spawn_file_actions_t *fa, int want)
     return ok;
 }
 
+static int (*probe_init)(posix_spawn_file_actions_t *);
+
 /* Build one action of every kind this glibc has with its own functions (the newer ones looked
  * up: this library must load on a glibc without them) and read them back. */
 static void probe_layout(void)
 {
     posix_spawn_file_actions_t fa;
-    if (posix_spawn_file_actions_init(&fa) != 0)
+    if (!probe_init || probe_init(&fa) != 0)
         return;
     int top = -1;
     if (posix_spawn_file_actions_addclose(&fa, 7) == 0 &&
@@ -124,6 +126,14 @@ static void probe_layout(void)
     checked_tag = top;
 }
 
+void eg_spawn_check_layout(int (*init)(posix_spawn_file_actions_t *))
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    if (!__atomic_load_n(&probe_init, __ATOMIC_ACQUIRE))
+        __atomic_store_n(&probe_init, init, __ATOMIC_RELEASE);
+    pthread_once(&once, probe_layout);
+}
+
 int eg_spawn_supported(const posix_spawn_file_actions_t *fa, const posix_spawnattr_t *attr)
 {
     short flags = 0;
@@ -133,8 +143,6 @@ int eg_spawn_supported(const posix_spawn_file_actions_t *fa, const posix_spawnat
     const struct glibc_action *a = actions_of(fa, &n);
     if (n == 0)
         return 1;
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, probe_layout);
     if (n < 0 || n > fa->__allocated || !a)
         return 0;
     for (int i = 0; i < n; i++) {
@@ -397,8 +405,8 @@ int eg_spawn_fd(pid_t *pid, int fd, const posix_spawn_file_actions_t *fa,
         (void)posix_spawnattr_getschedparam(attr, &c.sp);
         if (posix_spawnattr_getsigdefault(attr, &s) == 0)
             c.sigdef = kernel_set(&s);
-        if (posix_spawnattr_getsigmask(attr, &s) == 0)
-            c.sigmask = kernel_set(&s);
+        if (posix_spawnattr_getsigmask(attr, &s) == 0) /* as glibc's sigprocmask: never */
+            c.sigmask = kernel_set(&s) & ~(3UL << 31); /* its internal signals 32 and 33 */
     }
     void *stack = eg_sys_map_anon(CHILD_STACK);
     if (!stack)

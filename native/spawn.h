@@ -18,9 +18,15 @@
 #include <spawn.h>
 #include <sys/types.h>
 
+/* Check glibc's file-action layout, once per process (it builds actions with glibc's own
+ * functions: malloc, dlsym). Called where the program itself builds file actions (its
+ * posix_spawn_file_actions_init; init: glibc's), never from posix_spawn, which may be called in
+ * a signal handler or a vfork child. Thread-safe; not async-signal-safe. */
+void eg_spawn_check_layout(int (*init)(posix_spawn_file_actions_t *));
+
 /* 1 when eg_spawn_fd carries out these file actions and attributes exactly as glibc would; 0:
- * use glibc's posix_spawn. Thread-safe; not async-signal-safe (the first call builds glibc
- * file actions to check their layout). */
+ * use glibc's posix_spawn (so always when the layout was never checked). Thread-safe; calls no
+ * function that takes a lock. */
 int eg_spawn_supported(const posix_spawn_file_actions_t *fa, const posix_spawnattr_t *attr);
 
 /* Spawn the program open at fd (the judged descriptor, close-on-exec; the caller closes it

@@ -13,7 +13,7 @@ from .support import Gate, copy_binary, marker
 
 CASES = [
     "plain", "dup2", "dup2-same", "open", "close", "chdir", "fchdir", "closefrom", "signals",
-    "parent-mask", "pgroup", "setsid", "resetids", "tcsetpgrp", "open-missing",
+    "sigmask-full", "parent-mask", "pgroup", "setsid", "resetids", "tcsetpgrp", "open-missing",
     "chdir-missing", "not-executable", "path",
 ]  # fmt: skip
 HOSTILE = ["hostile-dup2", "hostile-open", "hostile-close"]

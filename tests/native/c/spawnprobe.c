@@ -151,6 +151,10 @@ int main(int argc, char **argv)
         sigaddset(&set, SIGWINCH);
         posix_spawnattr_setsigmask(&attr, &set);
         posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+    } else if (!strcmp(mode, "sigmask-full")) { /* glibc's internal signals included */
+        memset(&set, 0xff, sizeof set);
+        posix_spawnattr_setsigmask(&attr, &set);
+        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
     } else if (!strcmp(mode, "parent-mask")) {
         sigaddset(&set, SIGQUIT);
         sigaddset(&set, SIGALRM);

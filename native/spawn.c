@@ -243,15 +243,16 @@ static int action_top_fd(const struct glibc_action *a)
     }
 }
 
-/* Move the judged descriptor above every number action a names; the new number, or -errno.
- * Its old number is then free for the action: an action that uses it as a source fails as it
- * would have without the gate (it was not open before posix_spawn was called). */
-static int move_program(int fd, const struct glibc_action *a)
+/* Move the judged descriptor above `above` (every number the file actions name, so one move
+ * does); the new number, or -errno. Its old number is then free for the actions: one that uses
+ * it as a source fails as it would have without the gate (it was not open before posix_spawn
+ * was called). No free number up there (the table full to its limit): EMFILE, where glibc,
+ * needing no descriptor of its own, might have succeeded. */
+static int move_program(int fd, int above)
 {
-    int top = action_top_fd(a);
-    int nfd = eg_sys_fcntl(fd, F_DUPFD_CLOEXEC, (top > fd ? top : fd) + 1);
+    int nfd = eg_sys_fcntl(fd, F_DUPFD_CLOEXEC, (above > fd ? above : fd) + 1);
     if (nfd < 0)
-        return nfd;
+        return nfd == -EINVAL ? -EMFILE : nfd; /* EINVAL: the first candidate is past the limit */
     eg_sys_close(fd);
     return nfd;
 }
@@ -349,6 +350,11 @@ static int child_setup(const struct child *c, int *fd)
             (r = EG_SC(SYS_setresgid, -1, gid, -1, 0, 0, 0)) < 0)
             return (int)r;
     }
+    int named_top = 0;
+    for (int i = 0; i < c->nacts; i++) {
+        int top = action_top_fd(&c->acts[i]);
+        named_top = top > named_top ? top : named_top;
+    }
     for (int i = 0; i < c->nacts; i++) {
         /* read once: what is checked against the program's number is what is carried out */
         const struct glibc_action copy = c->acts[i], *a = &copy;
@@ -357,8 +363,11 @@ static int child_setup(const struct child *c, int *fd)
                 return (int)r;
             continue;
         }
-        if (action_names(a, *fd) && (*fd = move_program(*fd, a)) < 0)
-            return *fd;
+        if (action_names(a, *fd)) {
+            int top = action_top_fd(a); /* this copy's, should another thread change them */
+            if ((*fd = move_program(*fd, top > named_top ? top : named_top)) < 0)
+                return *fd;
+        }
         if ((r = child_action(c, a)) < 0)
             return (int)r;
     }

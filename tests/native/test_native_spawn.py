@@ -94,3 +94,11 @@ def test_a_failed_file_action_tries_no_other_path_entry(spawning: Gate, tmp_path
     env = dict(spawning.env, PATH=f"{spawning.bin}:{second}:/usr/bin:/bin")
     out, report = probe(spawning, "open-missing", env)
     assert out == b"posix_spawn ENOENT status -1\n" and report == "(no report)"
+
+
+def test_a_full_descriptor_table_fails_the_spawn_as_emfile(spawning: Gate) -> None:
+    """The judged descriptor needs a number no file action names; with none free (the table
+    full to its limit) the spawn fails with EMFILE: it runs nothing else. (glibc, needing no
+    descriptor of its own, starts the child, whose loader then fails: a known difference.)"""
+    out, report = probe(spawning, "table-full", spawning.env)
+    assert out == b"posix_spawn EMFILE status -1\n" and report == "(no report)"

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -168,6 +169,15 @@ int main(int argc, char **argv)
         posix_spawnattr_setflags(&attr, POSIX_SPAWN_RESETIDS);
     } else if (!strcmp(mode, "tcsetpgrp")) { /* stdin is no terminal: ENOTTY */
         posix_spawn_file_actions_addtcsetpgrp_np(&fa, 0);
+    } else if (!strcmp(mode, "table-full")) { /* two numbers free, both named by actions */
+        struct rlimit rl = {20, 20};
+        setrlimit(RLIMIT_NOFILE, &rl);
+        while (open("/dev/null", O_RDONLY) >= 0)
+            ;
+        close(18);
+        close(19);
+        posix_spawn_file_actions_adddup2(&fa, 2, 18);
+        posix_spawn_file_actions_adddup2(&fa, 2, 19);
     } else if (!strcmp(mode, "open-missing")) {
         posix_spawn_file_actions_addopen(&fa, 5, "/nonexistent/x", O_RDONLY, 0);
     } else if (!strcmp(mode, "chdir-missing")) {

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -52,6 +52,24 @@ def authorize(
     lifetime: float = 30.0,
     token: bytes = TOKEN,
 ) -> None:
+    """Authorize ``ticket``; written into the socket at once, so a claim can follow without
+    an await."""
+    posted = post_authorization(launcher, ticket, argv, cwd=cwd, env=env, lifetime=lifetime,
+                                token=token)  # fmt: skip
+    assert posted.done() and posted.exception() is None
+
+
+def post_authorization(
+    launcher: Launcher,
+    ticket: str,
+    argv: Sequence[str],
+    *,
+    cwd: str = "/",
+    env: P.EnvRules = NO_RULES,
+    lifetime: float = 30.0,
+    token: bytes = TOKEN,
+) -> asyncio.Future[None]:
+    """Authorize ``ticket``: done once written (queued while the socket is full)."""
     path = shutil.which(argv[0]) or argv[0]
     program = os.open(path, os.O_PATH | os.O_CLOEXEC)  # what the launcher executes
     try:
@@ -64,10 +82,9 @@ def authorize(
             env=env,
             lifetime=lifetime,
         )
-        posted = launcher.authorize(ticket, allowed, program)
+        return launcher.authorize(ticket, allowed, program)
     finally:
         os.close(program)
-    assert posted.done() and posted.exception() is None  # written at once: no await needed
 
 
 class Claimer:
@@ -140,10 +157,12 @@ def simple_claim(launcher: Launcher, ticket: str, env: Sequence[bytes] = ()) -> 
     return c
 
 
-def scenario(fn: Callable[[Launcher], None], **kw: bool) -> None:
+def scenario(fn: Callable[[Launcher], Awaitable[None] | None], **kw: bool) -> None:
     async def go() -> None:
         async with launcher_with_claims(**kw) as launcher:
-            fn(launcher)
+            done = fn(launcher)
+            if done is not None:
+                await done
 
     run(go)
 
@@ -253,7 +272,7 @@ def test_outstanding_tickets_are_bounded_and_hold_their_program() -> None:
     oldest goes), and a ticket runs its file even after the path names another one."""
     unknown = ("deny", "execgate: escalation ticket unknown or expired")
 
-    def go(launcher: Launcher) -> None:
+    async def go(launcher: Launcher) -> None:
         with tempfile.TemporaryDirectory(prefix="egt-tk") as tmp:
             prog = Path(tmp) / "prog"
             shutil.copy2("/bin/true", prog)
@@ -261,8 +280,8 @@ def test_outstanding_tickets_are_bounded_and_hold_their_program() -> None:
             shutil.copy2("/bin/false", Path(tmp) / "other")
             os.replace(Path(tmp) / "other", prog)  # the path now names another file
             assert simple_claim(launcher, "judged").answer() == ("exit", "0")
-        for i in range(300):
-            authorize(launcher, f"t{i}", ["/bin/true"])
+        posted = [post_authorization(launcher, f"t{i}", ["/bin/true"]) for i in range(300)]
+        await asyncio.gather(*posted)  # a loaded launcher may leave some queued a while
         # (the newest first: its claim makes the launcher read every pending authorization)
         assert simple_claim(launcher, "t299").answer() == ("exit", "0")
         assert simple_claim(launcher, "t0").answer() == unknown  # dropped: the oldest

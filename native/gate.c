@@ -1343,6 +1343,12 @@ static struct {
     unsigned long long dev, ino;
 } last_denied;
 
+/* The session's wrapper, a gate of its own (by canonical path). */
+static int is_the_wrapper(const struct prog *p)
+{
+    return eg_sess.wrapper[0] && p->real[0] && eq(p->real, eg_sess.wrapper);
+}
+
 static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *path, int atflags,
                    char *const *argv, eg_run_fn run, void *ctx)
 {
@@ -1372,8 +1378,7 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
         }
         /* decided here when the snapshot can (exactly the check below): the caller then
          * spawns this very descriptor; the wrapper is a gate of its own */
-        int is_wrapper = p.real[0] && eq(p.real, eg_sess.wrapper);
-        if (!c->spawn_fd || is_wrapper || snap_needs_ask(&p)) {
+        if (!c->spawn_fd || is_the_wrapper(&p) || snap_needs_ask(&p)) {
             plan.how = EG_HOW_GATE;
             plan.path = p.abs;
         }
@@ -1383,7 +1388,7 @@ static int attempt(struct eg_call *c, struct work *w, int dirfd, const char *pat
     }
 
     /* The wrapper is a gate itself: exec it with the gate environment, it asks on its own. */
-    if (eg_sess.wrapper[0] && p.real[0] && eq(p.real, eg_sess.wrapper)) {
+    if (is_the_wrapper(&p)) {
         err = run(ctx, &plan);
         prog_close(&p);
         return err;

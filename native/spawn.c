@@ -58,8 +58,8 @@ static const struct glibc_action *actions_of(const posix_spawn_file_actions_t *f
 
 /* ---------------------------------------------------------------- the layout, checked */
 
-/* The highest tag whose layout probe_layout() checked; -1: none (file actions are then left
- * to glibc). Written once, under pthread_once. */
+/* The highest tag whose layout probe_layout() checked; -1: none, or not checked yet (file
+ * actions are then left to glibc). Written once, under pthread_once. */
 static int checked_tag = -1;
 
 typedef int (*add_path_fn)(posix_spawn_file_actions_t *, const char *);
@@ -100,37 +100,32 @@ static void probe_layout(void)
         posix_spawn_file_actions_adddup2(&fa, 1, 9) == 0 &&
         posix_spawn_file_actions_addopen(&fa, 8, "/p", O_RDONLY | O_NOCTTY, 0640) == 0) {
         top = DO_OPEN;
-        add_path_fn chdir_np = (add_path_fn)dlsym(RTLD_DEFAULT,
-                                                  "posix_spawn_file_actions_addchdir_np");
-        add_fd_fn fchdir_np = (add_fd_fn)dlsym(RTLD_DEFAULT,
-                                               "posix_spawn_file_actions_addfchdir_np");
-        add_fd_fn closefrom_np = (add_fd_fn)dlsym(RTLD_DEFAULT,
-                                                  "posix_spawn_file_actions_addclosefrom_np");
-        add_fd_fn tcsetpgrp_np = (add_fd_fn)dlsym(RTLD_DEFAULT,
-                                                  "posix_spawn_file_actions_addtcsetpgrp_np");
-        if (chdir_np && chdir_np(&fa, "/c") == 0) {
-            top = DO_CHDIR;
-            if (fchdir_np && fchdir_np(&fa, 6) == 0) {
-                top = DO_FCHDIR;
-                if (closefrom_np && closefrom_np(&fa, 11) == 0) {
-                    top = DO_CLOSEFROM;
-                    if (tcsetpgrp_np && tcsetpgrp_np(&fa, 5) == 0)
-                        top = DO_TCSETPGRP;
-                }
-            }
+        /* the later kinds, in tag order (probe_matches' values), as far as this glibc has them */
+        static const char *const later[] = {
+            "posix_spawn_file_actions_addchdir_np", "posix_spawn_file_actions_addfchdir_np",
+            "posix_spawn_file_actions_addclosefrom_np", "posix_spawn_file_actions_addtcsetpgrp_np",
+        };
+        static const int later_fd[] = {-1, 6, 11, 5}; /* -1: the path "/c" */
+        for (int i = 0; i < 4; i++) {
+            void *add = dlsym(RTLD_DEFAULT, later[i]);
+            int r = !add               ? -1
+                    : later_fd[i] < 0 ? ((add_path_fn)add)(&fa, "/c")
+                                      : ((add_fd_fn)add)(&fa, later_fd[i]);
+            if (r != 0)
+                break;
+            top = DO_CHDIR + i;
         }
     }
     if (top >= DO_OPEN && !probe_matches(&fa, top))
         top = -1; /* a layout that differs anywhere is not read at all */
     posix_spawn_file_actions_destroy(&fa);
-    checked_tag = top;
+    __atomic_store_n(&checked_tag, top, __ATOMIC_RELEASE);
 }
 
 void eg_spawn_check_layout(int (*init)(posix_spawn_file_actions_t *))
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
-    if (!__atomic_load_n(&probe_init, __ATOMIC_ACQUIRE))
-        __atomic_store_n(&probe_init, init, __ATOMIC_RELEASE);
+    __atomic_store_n(&probe_init, init, __ATOMIC_RELAXED); /* always glibc's, read in the once */
     pthread_once(&once, probe_layout);
 }
 
@@ -143,10 +138,11 @@ int eg_spawn_supported(const posix_spawn_file_actions_t *fa, const posix_spawnat
     const struct glibc_action *a = actions_of(fa, &n);
     if (n == 0)
         return 1;
+    int checked = __atomic_load_n(&checked_tag, __ATOMIC_ACQUIRE);
     if (n < 0 || n > fa->__allocated || !a)
         return 0;
     for (int i = 0; i < n; i++) {
-        if (a[i].tag < 0 || a[i].tag > checked_tag)
+        if (a[i].tag < 0 || a[i].tag > checked)
             return 0;
         if ((a[i].tag == DO_OPEN && !a[i].u.open.path) ||
             (a[i].tag == DO_CHDIR && !a[i].u.chdir.path))
@@ -181,11 +177,15 @@ struct ksigaction {
 
 #define KSIGSET 8 /* bytes of the kernel's signal set */
 
+/* glibc's own signals, SIGCANCEL (32) and SIGSETXID (33), in a kernel set: its child ignores
+ * them, and its sigprocmask never blocks them. */
+#define GLIBC_SIGNALS (3UL << 31)
+
 static int sig_is_member(unsigned long set, int sig) { return (int)((set >> (sig - 1)) & 1); }
 
 /* No handler may run in the child (it runs in the caller's memory): every caught signal goes
- * back to its default, as glibc does; glibc's own internal signals (SIGCANCEL, SIGSETXID) are
- * ignored; those in POSIX_SPAWN_SETSIGDEF's set are defaulted. */
+ * back to its default, as glibc does; glibc's own signals are ignored; those in
+ * POSIX_SPAWN_SETSIGDEF's set are defaulted. */
 static void child_signals(const struct child *c)
 {
     for (int sig = 1; sig <= 64; sig++) {
@@ -194,7 +194,7 @@ static void child_signals(const struct child *c)
         struct ksigaction sa = {0};
         if ((c->flags & POSIX_SPAWN_SETSIGDEF) && sig_is_member(c->sigdef, sig)) {
             sa.handler = SIG_DFL;
-        } else if (sig == 32 || sig == 33) {
+        } else if (sig_is_member(GLIBC_SIGNALS, sig)) {
             sa.handler = SIG_IGN;
         } else {
             struct ksigaction old;
@@ -207,37 +207,26 @@ static void child_signals(const struct child *c)
     }
 }
 
-static int action_names(const struct glibc_action *a, int fd)
-{
-    switch (a->tag) {
-    case DO_CLOSE:
-        return a->u.close.fd == fd;
-    case DO_DUP2:
-        return a->u.dup2.fd == fd || a->u.dup2.newfd == fd;
-    case DO_OPEN:
-        return a->u.open.fd == fd;
-    case DO_FCHDIR:
-        return a->u.fchdir.fd == fd;
-    case DO_TCSETPGRP:
-        return a->u.tcsetpgrp.fd == fd;
-    default:
-        return 0;
-    }
-}
-
-static int action_top_fd(const struct glibc_action *a)
+/* The descriptor numbers action a names, as a source or a target: how many, in fds. */
+static int action_fds(const struct glibc_action *a, int fds[2])
 {
     switch (a->tag) {
     case DO_DUP2:
-        return a->u.dup2.fd > a->u.dup2.newfd ? a->u.dup2.fd : a->u.dup2.newfd;
+        fds[0] = a->u.dup2.fd;
+        fds[1] = a->u.dup2.newfd;
+        return 2;
     case DO_CLOSE:
-        return a->u.close.fd;
+        fds[0] = a->u.close.fd;
+        return 1;
     case DO_OPEN:
-        return a->u.open.fd;
+        fds[0] = a->u.open.fd;
+        return 1;
     case DO_FCHDIR:
-        return a->u.fchdir.fd;
+        fds[0] = a->u.fchdir.fd;
+        return 1;
     case DO_TCSETPGRP:
-        return a->u.tcsetpgrp.fd;
+        fds[0] = a->u.tcsetpgrp.fd;
+        return 1;
     default:
         return 0;
     }
@@ -350,11 +339,10 @@ static int child_setup(const struct child *c, int *fd)
             (r = EG_SC(SYS_setresgid, -1, gid, -1, 0, 0, 0)) < 0)
             return (int)r;
     }
-    int named_top = 0;
-    for (int i = 0; i < c->nacts; i++) {
-        int top = action_top_fd(&c->acts[i]);
-        named_top = top > named_top ? top : named_top;
-    }
+    int named_top = 0, fds[2];
+    for (int i = 0; i < c->nacts; i++)
+        for (int k = action_fds(&c->acts[i], fds); k-- > 0;)
+            named_top = fds[k] > named_top ? fds[k] : named_top;
     for (int i = 0; i < c->nacts; i++) {
         /* read once: what is checked against the program's number is what is carried out */
         const struct glibc_action copy = c->acts[i], *a = &copy;
@@ -363,11 +351,13 @@ static int child_setup(const struct child *c, int *fd)
                 return (int)r;
             continue;
         }
-        if (action_names(a, *fd)) {
-            int top = action_top_fd(a); /* this copy's, should another thread change them */
-            if ((*fd = move_program(*fd, top > named_top ? top : named_top)) < 0)
-                return *fd;
+        int names_program = 0, top = named_top; /* this copy's too, should another thread */
+        for (int k = action_fds(a, fds); k-- > 0;) { /* have changed the actions since */
+            names_program |= fds[k] == *fd;
+            top = fds[k] > top ? fds[k] : top;
         }
+        if (names_program && (*fd = move_program(*fd, top)) < 0)
+            return *fd;
         if ((r = child_action(c, a)) < 0)
             return (int)r;
     }
@@ -414,8 +404,8 @@ int eg_spawn_fd(pid_t *pid, int fd, const posix_spawn_file_actions_t *fa,
         (void)posix_spawnattr_getschedparam(attr, &c.sp);
         if (posix_spawnattr_getsigdefault(attr, &s) == 0)
             c.sigdef = kernel_set(&s);
-        if (posix_spawnattr_getsigmask(attr, &s) == 0) /* as glibc's sigprocmask: never */
-            c.sigmask = kernel_set(&s) & ~(3UL << 31); /* its internal signals 32 and 33 */
+        if (posix_spawnattr_getsigmask(attr, &s) == 0)
+            c.sigmask = kernel_set(&s) & ~GLIBC_SIGNALS;
     }
     void *stack = eg_sys_map_anon(CHILD_STACK);
     if (!stack)

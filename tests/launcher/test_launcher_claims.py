@@ -51,25 +51,10 @@ def authorize(
     env: P.EnvRules = NO_RULES,
     lifetime: float = 30.0,
     token: bytes = TOKEN,
-) -> None:
-    """Authorize ``ticket``; written into the socket at once, so a claim can follow without
-    an await."""
-    posted = post_authorization(launcher, ticket, argv, cwd=cwd, env=env, lifetime=lifetime,
-                                token=token)  # fmt: skip
-    assert posted.done() and posted.exception() is None
-
-
-def post_authorization(
-    launcher: Launcher,
-    ticket: str,
-    argv: Sequence[str],
-    *,
-    cwd: str = "/",
-    env: P.EnvRules = NO_RULES,
-    lifetime: float = 30.0,
-    token: bytes = TOKEN,
+    at_once: bool = True,
 ) -> asyncio.Future[None]:
-    """Authorize ``ticket``: done once written (queued while the socket is full)."""
+    """Authorize ``ticket``: done once written (queued while the socket is full). at_once:
+    it must be in the socket now, so that a claim can follow without an await."""
     path = shutil.which(argv[0]) or argv[0]
     program = os.open(path, os.O_PATH | os.O_CLOEXEC)  # what the launcher executes
     try:
@@ -82,9 +67,11 @@ def post_authorization(
             env=env,
             lifetime=lifetime,
         )
-        return launcher.authorize(ticket, allowed, program)
+        posted = launcher.authorize(ticket, allowed, program)
     finally:
         os.close(program)
+    assert not at_once or (posted.done() and posted.exception() is None)
+    return posted
 
 
 class Claimer:
@@ -280,7 +267,7 @@ def test_outstanding_tickets_are_bounded_and_hold_their_program() -> None:
             shutil.copy2("/bin/false", Path(tmp) / "other")
             os.replace(Path(tmp) / "other", prog)  # the path now names another file
             assert simple_claim(launcher, "judged").answer() == ("exit", "0")
-        posted = [post_authorization(launcher, f"t{i}", ["/bin/true"]) for i in range(300)]
+        posted = [authorize(launcher, f"t{i}", ["/bin/true"], at_once=False) for i in range(300)]
         await asyncio.gather(*posted)  # a loaded launcher may leave some queued a while
         # (the newest first: its claim makes the launcher read every pending authorization)
         assert simple_claim(launcher, "t299").answer() == ("exit", "0")

@@ -208,6 +208,10 @@ class ShellCall:
                 for fd in (devnull, write_fd):
                     if fd >= 0:
                         os.close(fd)
+                if self.outcome is not None:
+                    # Published: the request's task, woken by `changed`, writes the answer in
+                    # this turn of the loop; the session's clean-up comes after it.
+                    await anyio.lowlevel.checkpoint()
                 if session is not None:
                     with contextlib.suppress(Exception):
                         await session.aclose(STOP_GRACE)

@@ -65,6 +65,8 @@ def test_sandbox_state_update_maps_codex_policies(mcp: Mcp) -> None:
             await update(client, {"sandboxPolicy": {"type": "read-only"},
                                   "sandboxCwd": str(mcp.work)})  # fmt: skip
             assert await writes(client) == {"work": "1", "outside": "1", "extra": "1"}
+            # the next call, with no update between: the same sandbox (made once per update)
+            assert await writes(client) == {"work": "1", "outside": "1", "extra": "1"}
             await update(
                 client,
                 {

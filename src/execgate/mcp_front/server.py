@@ -317,6 +317,8 @@ class McpFrontEnd:
         self.parked: dict[str, _Parked] = {}
         #: The last ``codex/sandbox-state/update`` (its params), for calls without a state.
         self.codex_sandbox: dict[str, Any] | None = None
+        # The last update's sandbox, once a call has made it (it is the same for every call).
+        self._codex_spec: tuple[object, tuple[SandboxSpec, str]] | None = None
         # A parked call (2026-07-28 flow) whose client never comes back is stopped after this.
         self.abandon_after = 2 * options.approval_timeout
         self._started = time.time()
@@ -955,10 +957,19 @@ class McpFrontEnd:
             wish, field_name = self._client_spec(sent[0][1])
             source = f"the client's {field_name} (_meta {' / '.join(k for k, _ in sent)})"
         elif self.codex_sandbox is not None:
-            wish, field_name = self._client_spec(self.codex_sandbox)
-            source = f"the client's {field_name} ({SANDBOX_STATE_METHOD})"
+            state = self.codex_sandbox
+            if self._codex_spec is not None and self._codex_spec[0] is state:
+                return self._codex_spec[1]  # this update's, as the first call made it
+            wish, field_name = self._client_spec(state)
+            made = self._within_bounds(wish), f"the client's {field_name} ({SANDBOX_STATE_METHOD})"
+            self._codex_spec = state, made
+            return made
         else:
             return self.options.sandbox, CONFIGURED
+        return self._within_bounds(wish), source
+
+    def _within_bounds(self, wish: SandboxSpec) -> SandboxSpec:
+        """A client's sandbox as this server enforces it."""
         spec, cut = wish.within(self.options.writable_bounds)
         if cut:
             log.warning(
@@ -969,8 +980,7 @@ class McpFrontEnd:
             # The client's "no network" is the configured one: through the proxy, by the rules.
             spec = replace(spec, network_proxy=True)
         # what the server found when it started, not what earlier calls made since
-        spec = replace(spec, known_carveouts=self.options.sandbox.known_carveouts)
-        return spec, source
+        return replace(spec, known_carveouts=self.options.sandbox.known_carveouts)
 
 
 async def serve(

@@ -54,6 +54,7 @@ def test_spare_is_reused_only_for_the_same_arguments(tmp_path: Path) -> None:
             await run(reserve, config, caller)
 
     async def spare_of(reserve: SessionReserve) -> EscalationSession:
+        await asyncio.sleep(0)  # take() queues the refill for the next turn of the loop
         assert reserve._spares
         session = await reserve._spares[0].result()  # opened in the background
         assert session is not None
@@ -112,6 +113,7 @@ def test_spare_is_opened_once_the_session_handed_out_has_closed(
     async def main() -> None:
         async with SessionReserve().running() as reserve:
             first = await reserve.take(config, caller)
+            await asyncio.sleep(0)  # the refill is queued for the next turn of the loop
             assert len(reserve._spares) == SessionReserve.DEPTH == 2
             waiting, after_it = reserve._spares
             await asyncio.sleep(0.3)  # no spare is opened while `first` is open
@@ -123,6 +125,7 @@ def test_spare_is_opened_once_the_session_handed_out_has_closed(
             second = await reserve.take(config, caller)
             assert second is waiting._session and second is not first
             assert after_it._session is not None and after_it._session is not second
+            await asyncio.sleep(0)
             hurried = reserve._spares[-1]  # opens once `second` has closed
             assert not hurried.ready
             third = await reserve.take(config, caller)

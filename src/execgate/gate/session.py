@@ -1339,13 +1339,18 @@ class SessionReserve:
             session = await EscalationSession.open(config, caller)
         else:
             session.attach(caller)
-        after: _Signal = session.released
+        # In the next turn of the loop: the taker goes on to start its program first.
+        asyncio.get_running_loop().call_soon(self._refill, config, session.released)
+        return session
+
+    def _refill(self, config: SessionConfig, after: _Signal) -> None:
+        """Queue spares for ``config`` up to :data:`DEPTH`, the first opened once ``after`` is
+        set, each next one once the one before it is open."""
         while self._tasks is not None and len(self._spares) < self.DEPTH:
             opening = _Opening(config, after=after)
             self._spares.append(opening)
             self._start(opening.run)
-            after = opening.opened  # the next one once this one is open
-        return session
+            after = opening.opened
 
     def prime(self, config: SessionConfig) -> None:
         """Open a spare for ``config`` now, while nobody waits (a front end that can tell what

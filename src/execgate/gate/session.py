@@ -36,7 +36,7 @@ from execgate.decisionlog.recorder import DecisionLog, FlushSoon, permission_ent
 from execgate.errors import ExecgateError
 from execgate.files import is_own_private_dir, make_private_dir, open_private, write_atomically
 from execgate.gate import protocol
-from execgate.gate.cleanenv import cleaned_variables
+from execgate.gate.cleanenv import CleanedVariables, cleaned_variables
 from execgate.gate.content import NO_CONTENTS, ContentIndex
 from execgate.gate.escalation import (
     Action,
@@ -267,7 +267,7 @@ def make_session_dir(writable_roots: Sequence[Path]) -> Path:
             if not is_own_private_dir(base):  # made by another user first: not ours to use
                 continue
             path = Path(tempfile.mkdtemp(prefix=f"execgate-{os.getuid()}-", dir=base))
-            (path / _OWNER).write_text(_owner_of(os.getpid()) + "\n")
+            (path / _OWNER).write_text(_this_server() + "\n")
         except OSError:
             continue
         if len(os.fsencode(path / "claim.sock")) < 100:  # sun_path limit (and gate.sock)
@@ -292,6 +292,18 @@ def _owner_of(pid: int) -> str:
         return ""
     fields = stat[stat.rfind(b")") + 2 :].split()
     return f"{pid} {int(fields[19])}" if len(fields) > 19 else ""
+
+
+_this: tuple[int, str] = (0, "")
+
+
+def _this_server() -> str:
+    """:func:`_owner_of` this process (read once: a server opens a session per call)."""
+    global _this
+    pid = os.getpid()
+    if _this[0] != pid:
+        _this = pid, _owner_of(pid)
+    return _this[1]
 
 
 def remove_stale_session_dirs(bases: Sequence[Path]) -> list[Path]:
@@ -383,6 +395,11 @@ class SessionConfig:
             self.network,
         )
 
+    @functools.cached_property
+    def cleaned(self) -> CleanedVariables:
+        """What escalated programs never take from their caller (once per configuration)."""
+        return cleaned_variables(self.clean_escalated_env)
+
 
 @dataclass(frozen=True)
 class SessionCaller:
@@ -435,7 +452,7 @@ class EscalationSession:
         self.confined = sandbox is not None and sandbox.confines
         self.base_env = dict(os.environ if config.base_env is None else config.base_env)
         self.gate_escalated = config.gate_escalated
-        self.cleaned = cleaned_variables(config.clean_escalated_env)
+        self.cleaned = config.cleaned
         self.approval_timeout = config.approval_timeout
         self.token = adopted.token if adopted else secrets.token_hex(16)
         self.escalated_token = adopted.escalated_token if adopted else secrets.token_hex(16)

@@ -20,9 +20,20 @@ MANIFEST = "manifest.json"
 
 _REINSTALL = "reinstall the package (pip install .) so the build compiles native/"
 
-# (path, dev, ino, size, mtime_ns, ctime_ns) of files already found intact: a file that is
-# replaced or written to changes one of them (ctime cannot be set back), so it is hashed again.
-_verified: set[tuple[str, int, int, int, int, int]] = set()
+#: (path, dev, ino, size, mtime_ns, ctime_ns): a file that is replaced or written to changes
+#: one of them (ctime cannot be set back).
+FileKey = tuple[str, int, int, int, int, int]
+#: The names :func:`verify_installation` checks, the manifest first.
+_CHECKED = (MANIFEST, INTERPOSER, WRAPPER, LAUNCHER)
+# SHA-256 of native files by identity: a file not changed since is not read again.
+_digests: dict[FileKey, str] = {}
+# The identities of _CHECKED when they were found to agree: as long as they are the same,
+# the installation is what was checked.
+_intact: set[tuple[FileKey | None, ...]] = set()
+
+
+def _key(path: Path, st: os.stat_result) -> FileKey:
+    return (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @functools.cache
@@ -43,7 +54,7 @@ def native_path(name: str) -> Path:
     return path
 
 
-def _digest_of(path: Path) -> tuple[str, tuple[str, int, int, int, int, int]]:
+def _digest_of(path: Path) -> tuple[str, FileKey]:
     """SHA-256 of the regular file at ``path`` (not following a final symlink), and its
     identity; ExecgateError when it cannot be read or is not a regular file."""
     try:
@@ -54,17 +65,26 @@ def _digest_of(path: Path) -> tuple[str, tuple[str, int, int, int, int, int]]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ExecgateError(f"execgate's native file {path} is not a regular file")
-        key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        if key in _verified:
-            return "", key
-        digest = hashlib.sha256()
-        while chunk := os.read(fd, 1 << 20):
-            digest.update(chunk)
-        return digest.hexdigest(), key
+        key = _key(path, st)
+        if key not in _digests:
+            digest = hashlib.sha256()
+            while chunk := os.read(fd, 1 << 20):
+                digest.update(chunk)
+            _digests[key] = digest.hexdigest()
+        return _digests[key], key
     except OSError as exc:
         raise ExecgateError(f"cannot read execgate's native file {path}: {exc.strerror}") from None
     finally:
         os.close(fd)
+
+
+def _as_found(path: Path) -> FileKey | None:
+    """The identity of the regular file at ``path`` (a final symlink is not followed), or None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return _key(path, st) if stat.S_ISREG(st.st_mode) else None
 
 
 def verify_installation() -> None:
@@ -72,25 +92,42 @@ def verify_installation() -> None:
     package was built; raise a one-line :class:`ExecgateError` otherwise. A session must not
     load an interposer, wrapper or launcher that is not what was installed."""
     folder = bin_dir()
+    # Every session asks: when the manifest and the files are the ones this process found to
+    # agree, four stats say so (no file opened, no JSON read).
+    if tuple(_as_found(folder / name) for name in _CHECKED) in _intact:
+        return
     manifest = folder / MANIFEST
     try:
-        recorded = json.loads(manifest.read_text(encoding="utf-8"))["sha256"]
+        manifest_text, manifest_key = _read_regular(manifest)
+        recorded = json.loads(manifest_text)["sha256"]
         if not isinstance(recorded, dict) or not recorded:
             raise ValueError
     except (OSError, ValueError, KeyError, TypeError):
         raise ExecgateError(
             f"execgate's native manifest {manifest} is unreadable; {_REINSTALL}"
         ) from None
-    for name in (INTERPOSER, WRAPPER, LAUNCHER):
+    keys: list[FileKey | None] = [manifest_key]
+    for name in _CHECKED[1:]:
         expected = recorded.get(name)
         if not isinstance(expected, str):
             raise ExecgateError(f"execgate's native manifest does not list {name}; {_REINSTALL}")
         digest, key = _digest_of(folder / name)
-        if key in _verified:
-            continue
         if digest != expected:
             raise ExecgateError(
                 f"execgate's native file {folder / name} is not the one that was installed "
                 f"(its SHA-256 differs from {manifest.name}); {_REINSTALL}"
             )
-        _verified.add(key)
+        keys.append(key)
+    _intact.add(tuple(keys))
+
+
+def _read_regular(path: Path) -> tuple[str, FileKey]:
+    """The text of the regular file at ``path`` (a final symlink is not followed) and the
+    identity of what was read; OSError or ValueError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        text = f.read().decode("utf-8")
+    return text, _key(path, st)

@@ -29,7 +29,7 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
     # loaded by every program a gated process starts: bound lazily (no -z now: the exec path
     # calls nothing outside the library, see strings.c and sys.h), two segments
     "libexecgate.so": (
-        ["interpose.c", "spawn.c", "gate.c", "claim.c", "common.c", "strings.c"],
+        ["interpose.c", "hold.c", "spawn.c", "gate.c", "claim.c", "common.c", "strings.c"],
         ["-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-z,noseparate-code"],
     ),
     # static: no dynamic loader and no preloaded interposer in the wrapper itself, which every

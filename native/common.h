@@ -13,6 +13,8 @@
 #define EG_MAX_PAYLOAD (16u << 20)
 #define EG_MAX_FDS 253
 #define EG_HEADER 4
+/* A held spawn's hold socket, in the child (docs/protocol.md §7 "Held spawns"). */
+#define EG_HOLD_FD 3
 
 /* A frame under construction in caller-provided memory. The first EG_HEADER bytes are the
  * length header, filled in by eg_send_frame(). `overflow` sticks once a field did not fit. */

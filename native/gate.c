@@ -361,6 +361,7 @@ static const char *arena_put(const char *name, const char *value, size_t vlen)
 static const char *const gate_names[] = {
     "EXECGATE_SOCKET", "EXECGATE_TOKEN", "EXECGATE_WRAPPER", "EXEC_WRAPPER",
     "BASH_EXEC_WRAPPER", "EXECGATE_SNAPSHOT", "LD_PRELOAD", "LD_AUDIT", "GLIBC_TUNABLES",
+    "EXECGATE_HOLD", /* only the launcher holds a spawn (hold.h): never passed on */
 };
 static const char *const loader_names[] = {"LD_AUDIT", "GLIBC_TUNABLES"};
 #define N_GATE_NAMES (sizeof gate_names / sizeof gate_names[0])

@@ -15,7 +15,7 @@
  * Every program a gated process starts loads this library, so loading it does as little as
  * possible: no symbol is bound before its first call (no -z now), the constructor makes two
  * system calls (getpid, and prctl only after an exec by descriptor), reads no file and maps
- * nothing.
+ * nothing, unless the launcher holds the process for its call (hold.h: EXECGATE_HOLD set).
  *
  * An escalated exec is claimed in this very process (eg_claim) when that is safe: the process
  * is not a vfork child (whose parent is suspended until the exec) and has no other thread (an
@@ -45,6 +45,7 @@
 
 #include "common.h"
 #include "gate.h"
+#include "hold.h"
 #include "spawn.h"
 #include "sys.h"
 
@@ -122,8 +123,10 @@ static const char *own_path(void)
 
 __attribute__((constructor)) static void execgate_init(int argc, char **argv, char **envp)
 {
+    char **env = envp ? envp : environ;
+    eg_hold(argc, argv, &env); /* a held spawn: its call's arguments and environment first */
     own_pid = eg_sys_getpid();
-    eg_session_load(envp ? envp : environ, own_path());
+    eg_session_load(env, own_path());
     restore_comm(argv);
 }
 

@@ -94,6 +94,7 @@ struct proc {
     int last;     /* FLAGS had `last`: the session ends with it */
     pid_t pgid;   /* its process group, for a main that took the terminal */
     struct conn *conn; /* an escalated program: its claimer's connection (no events sent) */
+    int hold;     /* a `held` spawn not released yet: our end of its hold socket, else -1 */
 };
 
 /* A claim connection (protocol §4). It lives while its socket is open or its program has not
@@ -291,6 +292,8 @@ static void claim_ended(struct conn *c, int ran, int status);
 
 static void remove_proc(struct proc *p)
 {
+    if (p->hold >= 0)
+        close(p->hold); /* never released: its interposer sees end-of-file and exits */
     size_t i = (size_t)(p - g_procs);
     g_procs[i] = g_procs[--g_nprocs];
 }
@@ -469,6 +472,7 @@ static void shutdown_session(long long grace_ms)
 struct spawn {
     long long id;
     int sandbox, main, last;
+    int held;                   /* the child's end of its hold socket goes to EG_HOLD_FD */
     int uncover;                /* a confined claim: its program is not covered by a stand-in */
     long long pgid;
     const char *cwd, *path;     /* path: executed, or only named in messages (execfd) */
@@ -806,6 +810,8 @@ static int handle_spawn(struct eg_fields *f, int *fds, int nfds)
             s.last = 1;
         else if (len == 6 && !strncmp(p, "execfd", 6))
             execfd = 1;
+        else if (len == 4 && !strncmp(p, "held", 4))
+            s.held = 1;
         else if (len)
             bad = p;
         p += len + (end ? 1 : 0);
@@ -825,6 +831,8 @@ static int handle_spawn(struct eg_fields *f, int *fds, int nfds)
         for (int j = 0; j < i; j++)
             if (dst[j] == dst[i])
                 return -EPROTO;
+        if (s.held && dst[i] == EG_HOLD_FD) /* that number is the hold socket's */
+            return -EPROTO;
     }
     s.nfds = nfds;
     s.dst = dst;
@@ -843,29 +851,102 @@ static int handle_spawn(struct eg_fields *f, int *fds, int nfds)
     } else if (!s.path[0] || !s.cwd[0]) {
         send_failed(s.id, EINVAL, "empty program path or working directory");
     } else {
-        struct proc p = {
-            .id = s.id, .state = P_PENDING, .main = s.main, .last = s.last, .pgid = -1};
+        struct proc p = {.id = s.id, .state = P_PENDING, .main = s.main, .last = s.last,
+                         .pgid = -1, .hold = -1};
+        /* A held spawn: the child gets one end of a socket pair we made at EG_HOLD_FD, its
+         * interposer waits there for `release` (protocol §7 "Held spawns"). */
+        int hold[2] = {-1, -1}, placed[EG_MAX_FDS + 1], targets[EG_MAX_FDS + 1];
+        const int *src = fds;
+        if (s.held) {
+            if (nfds >= EG_MAX_FDS ||
+                socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, hold) < 0) {
+                send_failed(s.id, nfds >= EG_MAX_FDS ? E2BIG : errno, "hold socket");
+                goto done;
+            }
+            memcpy(placed, fds, (size_t)nfds * sizeof *fds);
+            memcpy(targets, dst, (size_t)nfds * sizeof *dst);
+            placed[nfds] = hold[1];
+            targets[nfds] = EG_HOLD_FD;
+            src = placed;
+            s.dst = targets;
+            s.nfds = nfds + 1;
+            p.hold = hold[0];
+        }
         if (s.sandbox) { /* forked: the sandbox set-up allocates (and may need a user ns) */
-            int r = start_child(&s, fds, &p);
-            if (r < 0)
+            int r = start_child(&s, src, &p);
+            if (r < 0) {
                 send_failed(s.id, -r, strerror(-r));
+                if (hold[0] >= 0)
+                    close(hold[0]);
+            }
         } else { /* the cheap way: no page tables to copy, no error pipe to wait on */
             struct failure failure;
-            int r = start_child_vfork(&s, fds, &p, &failure);
+            int r = start_child_vfork(&s, src, &p, &failure);
             struct proc *q = r < 0 ? NULL : find_id(s.id);
-            if (!q)
-                send_failed(s.id, r < 0 ? -r : ENOMEM, strerror(r < 0 ? -r : ENOMEM));
-            else if (q->state == P_FAILED)
-                send_failed(s.id, failure.err, failure.msg);
-            else {
+            if (!q || q->state == P_FAILED) {
+                if (!q)
+                    send_failed(s.id, r < 0 ? -r : ENOMEM, strerror(r < 0 ? -r : ENOMEM));
+                else
+                    send_failed(s.id, failure.err, failure.msg);
+                if (hold[0] >= 0 && !q)
+                    close(hold[0]);
+            } else {
                 if (q->main)
                     q->pgid = getpgid(q->pid);
                 send_spawned(s.id, q->pid);
             }
         }
+        if (hold[1] >= 0)
+            close(hold[1]); /* the child's */
     }
+done:
     free(s.argv);
     free(s.envp);
+    return 0;
+}
+
+/* EG1 · release · ID · LAST · CWD · NFDS · DSTFD… · ARGC · ARGV… · ENVC · ENV… with NFDS
+ * descriptors (protocol §7 "Held spawns"): everything after LAST goes to the held child as
+ * its `release` frame, with the descriptors, and the hold socket is closed. Returns 0, or
+ * -EPROTO for a malformed message; a spawn that is not held (or is gone) gets `failed`. */
+static int handle_release(struct eg_fields *f, int *fds, int nfds)
+{
+    long long id, last;
+    if (eg_next_long(f, &id) < 0 || eg_next_long(f, &last) < 0 || (last != 0 && last != 1))
+        return -EPROTO;
+    const char *rest = f->p;
+    size_t restlen = (size_t)(f->end - f->p);
+    struct proc *p = find_id(id);
+    if (!p || p->hold < 0 || p->state != P_RUNNING) {
+        send_failed(id, ESRCH, "no held program to release");
+        return 0;
+    }
+    size_t cap = EG_HEADER + sizeof EG_TAG + sizeof "release" + restlen;
+    char *mem = malloc(cap);
+    if (!mem) {
+        send_failed(id, ENOMEM, strerror(ENOMEM));
+        return 0;
+    }
+    struct eg_buf b;
+    eg_buf_init(&b, mem, cap);
+    eg_put(&b, EG_TAG);
+    eg_put(&b, "release");
+    if (!b.overflow && restlen <= b.cap - b.len) { /* the fields as they came, verbatim */
+        memcpy(b.data + b.len, rest, restlen);
+        b.len += restlen;
+    } else {
+        b.overflow = 1;
+    }
+    int r = eg_send_frame(p->hold, &b, fds, nfds);
+    free(mem);
+    close(p->hold);
+    p->hold = -1;
+    if (r < 0) { /* it died meanwhile (its exit comes as usual) or the frame was too big */
+        kill(p->pid, SIGKILL);
+        send_failed(id, -r, "releasing the held program");
+        return 0;
+    }
+    p->last = (int)last;
     return 0;
 }
 
@@ -1523,7 +1604,7 @@ static void handle_standing_claim(struct conn *c, struct eg_fields *f)
     struct spawn s = {.pgid = pgid > 0 ? pgid : 0, .cwd = t->cwd, .path = t->realpath,
                       .execfd = t->fd, .nfds = c->nfds, .dst = dst, .argv = t->argv,
                       .envp = envp};
-    struct proc p = {.id = -1, .state = P_PENDING, .pgid = -1, .conn = c};
+    struct proc p = {.id = -1, .state = P_PENDING, .pgid = -1, .conn = c, .hold = -1};
     struct failure failure;
     int r = start_child_vfork(&s, c->fds, &p, &failure);
     for (int i = 0; i < c->nfds; i++)
@@ -1599,7 +1680,7 @@ static void handle_claim(struct conn *c, char *payload, size_t len)
         struct spawn s = {.pgid = pgid > 0 ? pgid : 0, .cwd = t->cwd, .path = t->path,
                           .execfd = t->fd, .nfds = c->nfds, .dst = dst, .argv = t->argv, .envp = envp,
                           .sandbox = t->confined, .uncover = t->confined};
-        struct proc p = {.id = -1, .state = P_PENDING, .pgid = -1, .conn = c};
+        struct proc p = {.id = -1, .state = P_PENDING, .pgid = -1, .conn = c, .hold = -1};
         struct failure failure;
         /* A confined claim sets up a sandbox (allocations, namespaces): a forked child, whose
          * outcome resolve() reports when its error pipe closes. */
@@ -1828,6 +1909,8 @@ static int handle_message(char **payload, size_t len, int *fds, int nfds, long l
         r = -EPROTO;
     else if (!strcmp(kind, "spawn"))
         r = handle_spawn(&f, fds, nfds) < 0 ? -EPROTO : 1;
+    else if (!strcmp(kind, "release"))
+        r = handle_release(&f, fds, nfds) < 0 ? -EPROTO : 1;
     else if (!strcmp(kind, "authorize") || !strcmp(kind, "authorize-confined")) {
         if (nfds != 1)
             return -EPROTO; /* the caller closes what came */

@@ -46,6 +46,7 @@ from execgate.gate.protocol import (
     Spawned,
     SpawnFailed,
     encode_launcher_signal,
+    encode_release,
     encode_revoke,
     encode_shutdown,
     encode_spawn,
@@ -348,6 +349,7 @@ class Launcher:
         main: bool = False,
         last: bool = False,
         program: int | None = None,
+        held: bool = False,
     ) -> LaunchedProcess:
         """Start ``path`` with exactly ``fds`` (target number -> our descriptor, which stays
         ours), ``argv``, ``env`` and ``cwd``; confined when ``sandboxed``. ``program``: a
@@ -359,7 +361,10 @@ class Launcher:
         group of its own and the launcher's group owns the terminal, it gets the terminal
         (given back when it exits). ``last``: the session ends with it: once it has exited and
         no process of the session is left, the launcher exits by itself (nothing can be
-        spawned after it). Raises :class:`SpawnError` if nothing ran.
+        spawned after it). ``held``: the program waits in the interposer, before its own code
+        runs, for the call :meth:`release` brings (protocol §7 "Held spawns"; ``env`` must set
+        ``EXECGATE_HOLD=3``, and ``fds`` may not name 3). Raises :class:`SpawnError` if
+        nothing ran.
         """
         if not self.running:
             raise LauncherError("the session launcher is not running")
@@ -370,6 +375,7 @@ class Launcher:
             ("main", main),
             ("last", last),
             ("execfd", program is not None),
+            ("held", held),
         )
         flags = [name for name, on in chosen if on]
         targets = list(fds)
@@ -393,6 +399,29 @@ class Launcher:
             self._pending.pop(spawn_id, None)
             raise
         return await future
+
+    async def release(
+        self,
+        process: LaunchedProcess,
+        *,
+        argv: Sequence[bytes],
+        env: Sequence[bytes],
+        cwd: bytes,
+        fds: Mapping[int, int],
+        last: bool,
+    ) -> None:
+        """Hand the held ``process`` its call: it enters ``cwd``, gets ``fds`` (target number
+        -> our descriptor, which stays ours) and runs with ``argv`` (as many as it was
+        spawned with) and ``env``, each written over the strings it was spawned with (which
+        must be at least as long). ``last`` as :meth:`spawn`'s. A process that has gone by
+        then is reported as it exits, as always."""
+        if not self.running:
+            raise LauncherError("the session launcher is not running")
+        targets = list(fds)
+        frame = encode_release(
+            process.spawn_id, last=last, cwd=cwd, fd_targets=targets, argv=argv, env=env
+        )
+        await self._send(frame, [fds[t] for t in targets])
 
     def authorize(
         self, ticket: str, authorization: Authorization, program: int

@@ -221,6 +221,20 @@ def encode_spawn(
     return encode_fields("spawn", head, [list(fd_targets), argv, env])
 
 
+def encode_release(
+    spawn_id: int,
+    *,
+    last: bool,
+    cwd: bytes,
+    fd_targets: Sequence[int],
+    argv: Sequence[bytes],
+    env: Sequence[bytes],
+) -> bytes:
+    """§7 "Held spawns": the call a held spawn takes (what follows LAST goes to it as is)."""
+    head: list[Field] = [spawn_id, int(last), cwd]
+    return encode_fields("release", head, [list(fd_targets), argv, env])
+
+
 @dataclass(frozen=True, slots=True)
 class EnvRules:
     """How the launcher turns a claimer's environment into the escalated program's (§7

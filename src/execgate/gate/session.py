@@ -48,6 +48,9 @@ from execgate.gate.escalation import (
     no_one_to_ask,
 )
 from execgate.gate.gitrepo import sandbox_writable_repository
+from execgate.gate.held import HOLD_FD, HeldShell
+from execgate.gate.held import placeholder_argv as held_placeholder_argv
+from execgate.gate.held import placeholder_env as held_placeholder_env
 from execgate.gate.identity import (
     ExecFile,
     FileId,
@@ -373,6 +376,8 @@ class SessionConfig:
     terminal: int | None = None
     #: How connections through the proxy are decided (a sandbox with ``network_proxy``).
     network: NetworkSettings | None = None
+    #: The shell a spare starts ahead of its call (gate/held.py), or None.
+    held_shell: str | None = None
 
     def __post_init__(self) -> None:
         if self.base_env is not None:
@@ -393,6 +398,7 @@ class SessionConfig:
             self.clean_escalated_env,
             self.terminal,
             self.network,
+            self.held_shell,
         )
 
     @functools.cached_property
@@ -499,6 +505,7 @@ class EscalationSession:
                 raise
         self._server: GateServer | None = None
         self._launcher: Launcher | None = None
+        self._held: HeldShell | None = None  # the shell started ahead of the call (hold())
         self._env_rules: EnvRules | None = None
         self._authorizations: dict[tuple[object, ...], Authorization] = {}
         self._tickets = Tickets()
@@ -772,16 +779,67 @@ class EscalationSession:
         """Gate and start the session's own command (as if the session exec'd it). The session
         ends with it: once it and everything it left have exited, the launcher exits by itself,
         and nothing more can be spawned (front ends close the session then)."""
-        program = resolve_command(argv[0], cwd=cwd, path=env.get("PATH", os.defpath))
-        exec_, judged = open_exec(
-            program, argv, cwd=cwd, via="session", contents=self.live.current_contents()
-        )
+        held, self._held = self._held, None
+        contents = self.live.current_contents()
+        if held is not None and (
+            held.argv[0] != os.fsencode(argv[0]) or held.contents is not contents
+        ):
+            self._drop(held)  # another shell, or the policy's contents changed since
+            held = None
+        if held is not None:
+            exec_, judged = replace(held.exec_, argv=tuple(argv), cwd=cwd), held.judged
+        else:
+            program = resolve_command(argv[0], cwd=cwd, path=env.get("PATH", os.defpath))
+            exec_, judged = open_exec(program, argv, cwd=cwd, via="session", contents=contents)
         try:
             return await self._start_judged(
-                exec_, judged[-1], cwd=cwd, env=env, stdio=stdio, pgid=pgid
+                exec_, judged[-1], cwd=cwd, env=env, stdio=stdio, pgid=pgid, held=held
             )
         finally:
             _close_all(judged)
+
+    async def hold(self, shell: str) -> None:
+        """Start ``shell`` now, held until :meth:`start` brings its call (gate/held.py). Does
+        nothing when it cannot (a script, a launcher error): :meth:`start` spawns then."""
+        cwd = "/"
+        program = resolve_command(shell, cwd=cwd, path=self.base_env.get("PATH", os.defpath))
+        contents = self.live.current_contents()
+        try:
+            exec_, judged = open_exec(program, [shell], cwd=cwd, via="session", contents=contents)
+        except ExecgateError as exc:  # the call will say so
+            log.debug("no held shell for this session: %s", exc)
+            return
+        if exec_.interpreters:  # a script: its interpreter's argv is not the shell's
+            _close_all(judged)
+            return
+        argv = held_placeholder_argv(os.fsencode(shell))
+        env = held_placeholder_env(self.environment({**self.base_env, "PWD": cwd}))
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            process = await self.launcher.spawn(
+                path=os.fsencode(exec_.path),
+                argv=argv,
+                env=env,
+                cwd=os.fsencode(cwd),
+                fds={0: devnull, 1: devnull, 2: devnull},
+                sandboxed=self.confined,
+                main=True,
+                program=judged[-1],
+                held=True,
+            )
+        except (LauncherError, OSError) as exc:
+            log.debug("no held shell for this session: %s", exc)
+            _close_all(judged)
+            return
+        finally:
+            os.close(devnull)
+        self._held = HeldShell(process, exec_, judged, contents, argv, env, self.confined)
+
+    @staticmethod
+    def _drop(held: HeldShell) -> None:
+        """A held shell no call will use: it goes, with what was opened for it."""
+        held.kill()
+        _close_all(held.judged)
 
     async def _start_judged(
         self,
@@ -792,9 +850,11 @@ class EscalationSession:
         env: Mapping[str, str],
         stdio: Mapping[int, int],
         pgid: int,
+        held: HeldShell | None = None,
     ) -> LaunchedProcess:
         """Decide ``exec_`` and start it: the launcher executes ``judged`` (the descriptor of
-        the file that was judged; for a script, its last interpreter), never a path."""
+        the file that was judged; for a script, its last interpreter), never a path; or
+        releases ``held``, exec'd from ``judged``, when the call fits it."""
         asked = None
         if self.live.fail_closed_reason:  # nothing runs, not even a shell's builtins
             action = Action(Verdict.DENY, self.live.fail_closed_reason)
@@ -807,17 +867,36 @@ class EscalationSession:
             asked = (request, approval)
         self._record(exec_, action, asked)
         if action.verdict == Verdict.DENY:
+            if held is not None:
+                held.kill()
             raise SessionDenied(self.denial(exec_, action.reason))
         escalate = action.verdict == Verdict.ESCALATE
+        argv = [os.fsencode(a) for a in interpreted_argv(exec_)]
+        child_env = (
+            self.escalated_env_rules().apply(self.environment(env))
+            if escalate
+            else self.environment(env)
+        )
+        sandboxed = self.confined and not escalate
+        if held is not None:
+            if HOLD_FD not in stdio and held.fits(argv, child_env, sandboxed=sandboxed, pgid=pgid):
+                await self.launcher.release(
+                    held.process,
+                    argv=argv,
+                    env=child_env,
+                    cwd=os.fsencode(cwd),
+                    fds=stdio,
+                    last=True,
+                )
+                return held.process
+            held.kill()  # not for this call: the judged file is spawned as usual
         return await self.launcher.spawn(
             path=os.fsencode(exec_.path),
-            argv=[os.fsencode(a) for a in interpreted_argv(exec_)],
-            env=self.escalated_env_rules().apply(self.environment(env))
-            if escalate
-            else self.environment(env),
+            argv=argv,
+            env=child_env,
             cwd=os.fsencode(cwd),
             fds=stdio,
-            sandboxed=self.confined and not escalate,
+            sandboxed=sandboxed,
             pgid=pgid,
             main=True,
             last=True,
@@ -1128,6 +1207,9 @@ class EscalationSession:
     async def aclose(self, grace: float = 0.5) -> None:
         """Deny pending questions, kill every process of the session, remove its files."""
         self._closing = True
+        if self._held is not None:  # never taken: the launcher's shutdown ends it
+            _close_all(self._held.judged)
+            self._held = None
         for scope in list(self._asking):
             scope.cancel()
         self._unsubscribe()
@@ -1426,6 +1508,12 @@ class _Opening:
             if self._closed:  # given up before it was opened
                 return
             session = await EscalationSession.open(self.config)
+            if self.config.held_shell is not None:
+                try:
+                    await session.hold(self.config.held_shell)
+                except BaseException:
+                    await session.aclose()
+                    raise
         except Exception:
             log.debug("could not open a spare session", exc_info=True)
         else:

@@ -933,6 +933,7 @@ class McpFrontEnd:
             approval_timeout=self.options.approval_timeout + 10,
             new_process_session=True,
             network=self.network,
+            held_shell=self.options.shell,  # `shell` calls: started ahead (gate/held.py)
         )
 
     def _client_spec(self, state: object) -> tuple[SandboxSpec, str]:

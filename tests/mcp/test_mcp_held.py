@@ -1,0 +1,84 @@
+"""`shell` calls in shells started ahead of them (gate/held.py): each call runs in a held shell
+when it fits (its argv and environment are the call's, to the byte, in the shell and in /proc),
+and in a shell spawned for it when it does not; sandboxed or not, and a gated program can never
+ask for a hold."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from mcpharness import WS, Mcp, payload, shell_args
+
+from execgate.gate.held import COMMAND_ROOM
+
+# How many NULs the shell's /proc/PID/cmdline has: one per argument (3) when spawned for the
+# call, many more when held (the placeholder's room left over, zeroed).
+NULS = '$(( $(wc -c < /proc/$$/cmdline) - $(tr -d "\\0" < /proc/$$/cmdline | wc -c) ))'
+PROBE = (
+    'printf "%s\\n" "$0" "$PWD" "$(pwd -P)" "${EXECGATE_HOLD-unset}" '
+    '"${EXECGATE_HOLD_ROOM-unset}" "$(tr "\\0" "\\n" < /proc/$$/cmdline | grep -c .)" '
+    f'"{NULS}"; read -r x || echo stdin-empty; exit 5'
+)
+
+
+@pytest.mark.parametrize("sandbox", ["off", "workspace-write"])
+def test_a_call_runs_in_a_held_shell_exactly_as_in_one_spawned_for_it(
+    mcp: Mcp, sandbox: str
+) -> None:
+    long = PROBE + " #" + "x" * COMMAND_ROOM  # too long for the room: spawned for the call
+
+    async def scenario() -> list[dict[str, object]]:
+        options = WS if sandbox == "workspace-write" else ["--sandbox", "off"]
+        async with mcp.client(*options) as client:
+            results = []
+            for command in (PROBE, PROBE, long, PROBE):
+                results.append(payload(await client.call_tool("shell", shell_args(mcp, command))))
+            return results
+
+    results = asyncio.run(scenario())
+    work = str(mcp.work)
+    for data, held in zip(results, (True, True, False, True), strict=True):
+        assert data["exit_code"] == 5, data
+        lines = str(data["output"]).splitlines()
+        shell, pwd, real, hold, room, args, nuls = lines[:7]
+        assert shell.endswith("/bash") and (pwd, real, hold, room, args) == (
+            work, work, "unset", "unset", "3"
+        )  # fmt: skip
+        assert (int(nuls) > 3) == held, data  # held: the room left over is NULs
+        assert lines[7:] == ["stdin-empty"]
+
+
+def test_a_login_call_and_a_denied_one_are_as_without_a_held_shell(mcp: Mcp) -> None:
+    mcp.write_rules('prefix_rule(["bash", "-lc", "echo no"], "forbidden")\n')
+
+    async def scenario() -> tuple[dict[str, object], ...]:
+        async with mcp.client() as client:
+            login = await client.call_tool(
+                "shell",
+                shell_args(
+                    mcp,
+                    'echo "$0 $-" | tr -d "\\n"; shopt -q login_shell && echo " login"',
+                    login=True,
+                ),
+            )
+            denied = await client.call_tool("shell", shell_args(mcp, "echo no", login=True))
+            after = await client.call_tool("shell", shell_args(mcp, "echo yes"))
+            return payload(login), payload(denied), payload(after)
+
+    login, denied, after = asyncio.run(scenario())
+    assert str(login["output"]).rstrip().endswith(" login"), login
+    assert denied["exit_code"] == 126 and "denied" in str(denied["output"]), denied
+    assert after["output"] == "yes\n" and after["exit_code"] == 0
+
+
+def test_a_gated_program_cannot_ask_for_a_hold(mcp: Mcp) -> None:
+    """EXECGATE_HOLD never reaches a program through a gated exec (and a hold on a socket its
+    parent did not make is ignored: tests/launcher/test_launcher_held.py)."""
+    script = "EXECGATE_HOLD=3 env | grep -c '^EXECGATE_HOLD' ; true"
+
+    async def scenario() -> dict[str, object]:
+        async with mcp.client(*WS) as client:
+            return payload(await client.call_tool("shell", shell_args(mcp, script)))
+
+    assert asyncio.run(scenario())["output"] == "0\n"

@@ -13,7 +13,9 @@ few times and read the spread, not one number.
 
 Figures:
   round trips       ``shell`` ``true`` (a builtin: the fixed cost of a call), login and not,
-                    no sandbox and workspace-write
+                    no sandbox and workspace-write, back to back; and non-login again with
+                    15 ms of quiet before each call (what execgate does after its answer does
+                    not land in the reference's call then, and the CPUs have gone idle)
   start-up          spawn to the ``initialize`` answer (execgate also with 10 000 rules, warm)
   per exec          a loop of ``/bin/true`` timed inside the shell, as a ratio to plain bash:
                     no rule matches, and every exec escalated by an allow rule
@@ -317,10 +319,17 @@ def reference_server(place: Place, ref: Reference, mode: str, rules: str) -> Ser
 # -- measuring ------------------------------------------------------------------------------
 
 
+#: The quiet before each call of the extra rows: what a server does after its answer
+#: (execgate opens the next spare session and starts its shell, ~2 ms of CPU) then cannot land
+#: in the other server's call, as it can in back-to-back calls; idle CPUs wake slower, too.
+QUIET = 0.015
+
+
 async def round_trips(
-    servers: list[Server], place: Place, calls: int, login: bool
+    servers: list[Server], place: Place, calls: int, login: bool, settle: float = 0.0
 ) -> dict[str, float]:
-    """Median seconds per ``shell true`` call, the servers' calls interleaved."""
+    """Median seconds per ``shell true`` call, the servers' calls interleaved, each after
+    ``settle`` seconds of quiet."""
     clients = [await s.start(place.work) for s in servers]
     samples: dict[str, list[float]] = {s.name: [] for s in servers}
     try:
@@ -328,6 +337,8 @@ async def round_trips(
             await client.shell("true", place.work, login)
         for _ in range(calls):
             for server, client in zip(servers, clients, strict=True):
+                if settle:
+                    await asyncio.sleep(settle)
                 started = time.perf_counter()
                 await client.shell("true", place.work, login)
                 samples[server.name].append(time.perf_counter() - started)
@@ -466,6 +477,15 @@ async def measure(args: argparse.Namespace, ref: Reference | None) -> list[Row]:
             ("`shell` round trip, `true`, login, workspace-write", "workspace-write", True),
         ):
             got = await round_trips(pair(mode, NO_MATCH, no_match), place, args.calls, login)
+            ours, theirs = got["execgate"], got.get("reference")
+            show(Row(label, ms(theirs), ms(ours), quotient(ours, theirs), "≤ reference"))
+        quiet = f"{QUIET * 1000:.0f} ms"
+        for label, mode in (
+            (f"… non-login, no sandbox, each call after {quiet} of quiet", "off"),
+            (f"… non-login, workspace-write, each after {quiet} of quiet", "workspace-write"),
+        ):
+            pairs = pair(mode, NO_MATCH, no_match)
+            got = await round_trips(pairs, place, args.calls, False, settle=QUIET)
             ours, theirs = got["execgate"], got.get("reference")
             show(Row(label, ms(theirs), ms(ours), quotient(ours, theirs), "≤ reference"))
         if args.round_trips_only:

@@ -82,3 +82,24 @@ def test_a_gated_program_cannot_ask_for_a_hold(mcp: Mcp) -> None:
             return payload(await client.call_tool("shell", shell_args(mcp, script)))
 
     assert asyncio.run(scenario())["output"] == "0\n"
+
+
+def test_a_git_folder_made_after_the_shell_was_held_is_read_only_in_the_call(mcp: Mcp) -> None:
+    """The spares' shells were set up before the user made a repository in the workspace: the
+    call must not get a sandbox in which its `.git` is writable (red team: hooks planted)."""
+    plant = "echo x > .git/hooks/planted; echo rc=$?; echo y > .git/config.new; echo rc=$?"
+
+    async def scenario() -> list[str]:
+        async with mcp.client(*WS) as client:
+            await client.call_tool("shell", shell_args(mcp, "true"))  # the spares are held now
+            (mcp.work / ".git" / "hooks").mkdir(parents=True)  # `git init`, outside
+            outputs = []
+            for _ in range(3):  # both spares, and one opened after
+                data = payload(await client.call_tool("shell", shell_args(mcp, plant)))
+                outputs.append(str(data["output"]))
+            return outputs
+
+    for output in asyncio.run(scenario()):
+        assert output.count("rc=1") == 2, output
+    assert not (mcp.work / ".git" / "hooks" / "planted").exists()
+    assert not (mcp.work / ".git" / "config.new").exists()

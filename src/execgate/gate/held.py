@@ -11,7 +11,9 @@ The shell is judged when the call comes, as any session's command (the descripto
 exec'd from is the one opened here). A call it does not fit (another shell, a longer command
 than the room left for it, loader variables other than the ones it was started with, another
 sandbox, a process group or terminal of its own) kills it, and the session spawns the judged
-file as usual.
+file as usual; so does a change since it was started of the policy's snapshot or contents, or
+of what its sandbox was set up from (a writable root, a protected name in one, a read-only or
+hidden path: a `.git` made since must be read-only in the call's sandbox).
 """
 
 from __future__ import annotations
@@ -62,9 +64,19 @@ class HeldShell:
     exec_: GatedExec  # the shell as opened for it (placeholder argv and cwd)
     judged: tuple[int, ...]  # the descriptors opened for it (ours to close): it runs the last
     contents: ContentIndex  # the content index it was opened with
+    snapshot: bytes  # the policy snapshot then (a new one may cover other programs)
+    layout: tuple[object, ...]  # what its sandbox was set up from (SandboxSpec.layout_now)
     argv: list[bytes]
     env: list[bytes]
     sandboxed: bool
+
+    def still_current(
+        self, contents: ContentIndex, snapshot: bytes, layout: tuple[object, ...]
+    ) -> bool:
+        """Was it started under what holds now: the policy's contents and snapshot, and a
+        file system its sandbox would be set up from the same way (a `.git` made since in a
+        writable root is read-only only in a sandbox set up after it)?"""
+        return contents is self.contents and snapshot is self.snapshot and layout == self.layout
 
     def kill(self) -> None:
         """End it (it is not the session's last program until released: the launcher goes

@@ -782,9 +782,10 @@ class EscalationSession:
         held, self._held = self._held, None
         contents = self.live.current_contents()
         if held is not None and (
-            held.argv[0] != os.fsencode(argv[0]) or held.contents is not contents
+            held.argv[0] != os.fsencode(argv[0])
+            or not held.still_current(contents, self.live.snapshot, self._layout())
         ):
-            self._drop(held)  # another shell, or the policy's contents changed since
+            self._drop(held)  # another shell, or started under another policy or layout
             held = None
         if held is not None:
             exec_, judged = replace(held.exec_, argv=tuple(argv), cwd=cwd), held.judged
@@ -814,6 +815,8 @@ class EscalationSession:
             return
         argv = held_placeholder_argv(os.fsencode(shell))
         env = held_placeholder_env(self.environment({**self.base_env, "PWD": cwd}))
+        # Before the spawn: a change after this is a change after the set-up began.
+        snapshot, layout = self.live.snapshot, self._layout()
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         try:
             process = await self.launcher.spawn(
@@ -833,7 +836,14 @@ class EscalationSession:
             return
         finally:
             os.close(devnull)
-        self._held = HeldShell(process, exec_, judged, contents, argv, env, self.confined)
+        self._held = HeldShell(
+            process, exec_, judged, contents, snapshot, layout, argv, env, self.confined
+        )
+
+    def _layout(self) -> tuple[object, ...]:
+        """What this session's confined spawns are set up from, now."""
+        spec = self.launcher.sandbox
+        return spec.layout_now() if spec is not None else ()
 
     @staticmethod
     def _drop(held: HeldShell) -> None:

@@ -138,6 +138,19 @@ class SandboxSpec:
                 args += ["--exec-dir", str(path)]
         return args
 
+    def layout_now(self) -> tuple[object, ...]:
+        """What a confined spawn's set-up reads from the file system (native/sandbox.c
+        ``collect``, the hidden folders): each writable root, ``<root>/<protected name>``,
+        read-only and hidden path as it is now (its identity, and where it leads). Equal
+        layouts give equal sandboxes: one set up earlier (a held shell's) is this one."""
+        if not self.confines:
+            return ()
+        paths = [*self.readonly_paths, *self.hidden_paths]
+        if self.mode == "workspace-write":
+            paths += list(self.writable_roots)
+            paths += [r / n for r in self.writable_roots for n in self.protected_names]
+        return tuple(_identity_now(path) for path in paths)
+
     def allows_write(self, path: Path) -> bool:
         """Whether a confined process could write ``path`` (resolved), per this spec."""
         if self.mode == "off":
@@ -254,6 +267,21 @@ class SandboxSpec:
 
 
 OFF: Final = SandboxSpec()
+
+
+def _identity_now(path: Path) -> tuple[object, ...]:
+    """``path``'s own (dev, ino, mode), or None if missing; and where it resolves to, and
+    that file's (dev, ino), when it is there."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return (None,)
+    real = os.path.realpath(path)
+    try:
+        target = os.stat(real)
+    except OSError:
+        return (st.st_dev, st.st_ino, st.st_mode, real)
+    return (st.st_dev, st.st_ino, st.st_mode, real, target.st_dev, target.st_ino)
 
 
 def existing_carveouts(

@@ -889,7 +889,10 @@ class EscalationSession:
         )
         sandboxed = self.confined and not escalate
         if held is not None:
-            if HOLD_FD not in stdio and held.fits(argv, child_env, sandboxed=sandboxed, pgid=pgid):
+            fits = held.fits(argv, child_env, sandboxed=sandboxed, pgid=pgid)
+            # Again now: a human may have been asked meanwhile.
+            current = held.still_current(self.live.contents, self.live.snapshot, self._layout())
+            if HOLD_FD not in stdio and fits and current:
                 await self.launcher.release(
                     held.process,
                     argv=argv,

@@ -1,10 +1,12 @@
 """Where a ``shell`` round trip's time goes, execgate against the reference, in one run.
 
-Runs ``compare_reference.py``'s interleaved round trips of ``true`` (non-login, no sandbox by
-default) while ``perf record`` watches the scheduler's fork, exec and exit events of the whole
-machine, then splits each server's median call into the shell's own life (its fork to its exec,
-its exec to its exit: the same bash work in both) and everything else (the client, the server,
-and the hand-offs between them: what a server adds). Needs ``perf`` and the right to trace the
+Runs interleaved round trips of ``true`` (non-login, no sandbox by default; the client of
+``compare_reference.py``) while ``perf record`` watches the scheduler's fork, exec and exit
+events of the whole machine (on CLOCK_MONOTONIC, the calls' clock), then splits each server's
+median call into the part of its shell's life inside the call (from the call's start, or the
+shell's fork if later, to its exit: execgate's shell was forked and exec'd before the call,
+and waited, held) and everything else (the client, the server and the hand-offs between them:
+what a server adds). Needs ``perf`` and the right to trace the
 machine (root, or ``kernel.perf_event_paranoid`` ≤ -1); says so and exits 0 otherwise.
 
     python bench/roundtrip_breakdown.py [--calls 60] [--sandbox off|workspace-write] [--login]
@@ -30,12 +32,12 @@ EVENTS = ["sched:sched_process_fork", "sched:sched_process_exec", "sched:sched_p
 LINE = re.compile(r"\s*(.+?)\s+(\d+)/\d+\s+\[\d+\]\s+([\d.]+):\s+sched:(\w+):\s+(.*)")
 
 
-def shell_lives(script: str) -> dict[str, list[tuple[float, float]]]:
-    """(fork to exec, exec to exit) in seconds of every shell each server started: execgate's
-    are the launcher's children, the reference's its runtime's."""
+def shells(script: str) -> list[tuple[str, float, float]]:
+    """(server, fork time, exit time) of every shell each server started: execgate's are the
+    launcher's children, the reference's its runtime's."""
     forked: dict[int, tuple[str, float]] = {}
-    execed: dict[int, float] = {}
-    lives: dict[str, list[tuple[float, float]]] = {"execgate": [], "reference": []}
+    bash: set[int] = set()
+    found: list[tuple[str, float, float]] = []
     for line in script.splitlines():
         m = LINE.match(line)
         if not m:
@@ -46,15 +48,18 @@ def shell_lives(script: str) -> dict[str, list[tuple[float, float]]]:
             if child:
                 forked[int(child[1])] = (comm, when)
         elif event == "sched_process_exec" and comm == "bash":
-            execed[pid] = when
-        elif event == "sched_process_exit" and pid in execed and pid in forked:
+            bash.add(pid)
+        elif event == "sched_process_exit" and pid in bash and pid in forked:
             parent, start = forked.pop(pid)
             server = "execgate" if parent == "execgate-launch" else "reference"
-            lives[server].append((execed[pid] - start, when - execed.pop(pid)))
-    return lives
+            found.append((server, start, when))
+    return found
 
 
-async def measure(args: argparse.Namespace, ref: cr.Reference, data: Path) -> dict[str, float]:
+async def measure(
+    args: argparse.Namespace, ref: cr.Reference, data: Path
+) -> dict[str, list[tuple[float, float]]]:
+    """Each server's calls, as (start, end) on CLOCK_MONOTONIC."""
     with tempfile.TemporaryDirectory(prefix="execgate-bench-") as tmp:
         place = cr.Place(Path(tmp))
         rules = place.rules_file("none", cr.NO_MATCH)
@@ -62,17 +67,29 @@ async def measure(args: argparse.Namespace, ref: cr.Reference, data: Path) -> di
             cr.execgate_server(place, args.sandbox, rules),
             cr.reference_server(place, ref, args.sandbox, cr.NO_MATCH),
         ]
+        clients = [await s.start(place.work) for s in servers]
         perf = subprocess.Popen(
-            ["perf", "record", "-q", "-a", "-o", str(data), *(f"-e{e}" for e in EVENTS)],
+            ["perf", "record", "-q", "-a", "-k", "CLOCK_MONOTONIC", "-o", str(data),
+             *(f"-e{e}" for e in EVENTS)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )
+        )  # fmt: skip
         time.sleep(0.5)  # perf is tracing before the first call
+        calls: dict[str, list[tuple[float, float]]] = {s.name: [] for s in servers}
         try:
-            return await cr.round_trips(servers, place, args.calls, args.login)
+            for client in clients:
+                await client.shell("true", place.work, args.login)
+            for _ in range(args.calls):
+                for server, client in zip(servers, clients, strict=True):
+                    started = time.monotonic()
+                    await client.shell("true", place.work, args.login)
+                    calls[server.name].append((started, time.monotonic()))
         finally:
             perf.send_signal(signal.SIGINT)
             perf.wait()
+            for client in clients:
+                await client.aclose()
+        return calls
 
 
 def main() -> None:
@@ -96,18 +113,24 @@ def main() -> None:
             capture_output=True,
             text=True,
         ).stdout
-    lives = shell_lives(script)
-    if not all(lives.values()):
-        print("roundtrip_breakdown: skipped: perf saw no shells (tracing not permitted?)")
-        return
+    found = shells(script)
     shell = "login" if args.login else "non-login"
     print(f"`shell` round trip of `true`, {shell}, sandbox {args.sandbox}: medians in µs")
-    print(f"{'':12}{'call':>8}{'fork→exec':>11}{'exec→exit':>11}{'the rest':>10}")
+    print(f"{'':12}{'call':>8}{'shell in the call':>19}{'the rest':>10}")
     for name in ("execgate", "reference"):
-        spawn = statistics.median(a for a, _ in lives[name]) * 1e6
-        run = statistics.median(b for _, b in lives[name]) * 1e6
-        call = calls[name] * 1e6
-        print(f"{name:12}{call:8.0f}{spawn:11.0f}{run:11.0f}{call - spawn - run:10.0f}")
+        whole, inside = [], []
+        for start, end in calls[name]:
+            lives = [(f, x) for s, f, x in found if s == name and start <= x <= end]
+            if len(lives) != 1:
+                continue  # not seen (or not alone) in this call
+            fork, exit_ = lives[0]
+            whole.append((end - start) * 1e6)
+            inside.append((exit_ - max(fork, start)) * 1e6)
+        if not whole:
+            print("roundtrip_breakdown: skipped: perf saw no shells (tracing not permitted?)")
+            return
+        call, part = statistics.median(whole), statistics.median(inside)
+        print(f"{name:12}{call:8.0f}{part:19.0f}{call - part:10.0f}")
     print("the rest: the client, the server and the hand-offs (the same client for both)")
 
 

@@ -127,8 +127,7 @@ void eg_hold(int argc, char **argv, char ***envp)
     /* The strings of argv and of the environment are each one run of memory (the kernel put
      * them there at the exec): the call's are written over them, and what is left zeroed. */
     char *arg_at = argv[0], *arg_end = run_end(argv, (size_t)argc);
-    char **args = (char **)eg_sys_map_anon((size_t)(argc + 1) * sizeof *args);
-    if (!arg_end || !args || put_strings(&f, nargs, &arg_at, arg_end, args) < 0)
+    if (!arg_end || put_strings(&f, nargs, &arg_at, arg_end, argv) < 0)
         give_up("the arguments do not fit the placeholder's");
     char **old_env = *envp;
     size_t old_n = 0;
@@ -145,8 +144,6 @@ void eg_hold(int argc, char **argv, char ***envp)
 
     if (EG_SC(SYS_chdir, (long)cwd, 0, 0, 0, 0, 0) < 0)
         give_up("cannot enter the working directory");
-    for (int i = 0; i < argc; i++)
-        argv[i] = args[i];
     memset(arg_at, 0, (size_t)(arg_end - arg_at));
     memset(env_at, 0, (size_t)(env_end - env_at));
     eg_sys_munmap(buf, HOLD_MAX);

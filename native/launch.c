@@ -874,30 +874,27 @@ static int handle_spawn(struct eg_fields *f, int *fds, int nfds)
         }
         if (s.sandbox) { /* forked: the sandbox set-up allocates (and may need a user ns) */
             int r = start_child(&s, src, &p);
-            if (r < 0) {
+            if (r < 0)
                 send_failed(s.id, -r, strerror(-r));
-                if (hold[0] >= 0)
-                    close(hold[0]);
-            }
         } else { /* the cheap way: no page tables to copy, no error pipe to wait on */
             struct failure failure;
             int r = start_child_vfork(&s, src, &p, &failure);
             struct proc *q = r < 0 ? NULL : find_id(s.id);
-            if (!q || q->state == P_FAILED) {
-                if (!q)
-                    send_failed(s.id, r < 0 ? -r : ENOMEM, strerror(r < 0 ? -r : ENOMEM));
-                else
-                    send_failed(s.id, failure.err, failure.msg);
-                if (hold[0] >= 0 && !q)
-                    close(hold[0]);
-            } else {
+            if (!q)
+                send_failed(s.id, r < 0 ? -r : ENOMEM, strerror(r < 0 ? -r : ENOMEM));
+            else if (q->state == P_FAILED)
+                send_failed(s.id, failure.err, failure.msg);
+            else {
                 if (q->main)
                     q->pgid = getpgid(q->pid);
                 send_spawned(s.id, q->pid);
             }
         }
-        if (hold[1] >= 0)
+        if (s.held) {
             close(hold[1]); /* the child's */
+            if (!find_id(s.id)) /* not tracked: nobody else closes ours (remove_proc does) */
+                close(hold[0]);
+        }
     }
 done:
     free(s.argv);
@@ -931,12 +928,8 @@ static int handle_release(struct eg_fields *f, int *fds, int nfds)
     eg_buf_init(&b, mem, cap);
     eg_put(&b, EG_TAG);
     eg_put(&b, "release");
-    if (!b.overflow && restlen <= b.cap - b.len) { /* the fields as they came, verbatim */
-        memcpy(b.data + b.len, rest, restlen);
-        b.len += restlen;
-    } else {
-        b.overflow = 1;
-    }
+    memcpy(b.data + b.len, rest, restlen); /* the fields as they came, verbatim: cap fits */
+    b.len += restlen;
     int r = eg_send_frame(p->hold, &b, fds, nfds);
     free(mem);
     close(p->hold);

@@ -18,8 +18,9 @@ hidden path: a `.git` made since must be read-only in the call's sandbox).
 
 from __future__ import annotations
 
+import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from execgate.gate.content import ContentIndex
@@ -83,14 +84,27 @@ class HeldShell:
         on)."""
         self.process.signal(signal.SIGKILL)
 
+    def discard(self) -> None:
+        """End it, and close what was opened for it (no call will judge it)."""
+        self.kill()
+        for fd in self.judged:
+            os.close(fd)
+
     def fits(
-        self, argv: Sequence[bytes], env: Sequence[bytes], *, sandboxed: bool, pgid: int
+        self,
+        argv: Sequence[bytes],
+        env: Sequence[bytes],
+        fds: Collection[int],
+        *,
+        sandboxed: bool,
+        pgid: int,
     ) -> bool:
         """Can this call be released into the held shell?"""
         return (
             self.process.returncode is None
             and sandboxed == self.sandboxed
             and pgid == -1
+            and HOLD_FD not in fds
             and len(argv) == len(self.argv)
             and argv[0] == self.argv[0]
             and _size(argv) <= _size(self.argv)

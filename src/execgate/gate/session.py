@@ -48,7 +48,7 @@ from execgate.gate.escalation import (
     no_one_to_ask,
 )
 from execgate.gate.gitrepo import sandbox_writable_repository
-from execgate.gate.held import HOLD_FD, HeldShell
+from execgate.gate.held import HeldShell
 from execgate.gate.held import placeholder_argv as held_placeholder_argv
 from execgate.gate.held import placeholder_env as held_placeholder_env
 from execgate.gate.identity import (
@@ -782,10 +782,9 @@ class EscalationSession:
         held, self._held = self._held, None
         contents = self.live.current_contents()
         if held is not None and (
-            held.argv[0] != os.fsencode(argv[0])
-            or not held.still_current(contents, self.live.snapshot, self._layout())
+            held.argv[0] != os.fsencode(argv[0]) or held.contents is not contents
         ):
-            self._drop(held)  # another shell, or started under another policy or layout
+            held.discard()  # another shell, or judged with other contents (the rest: release)
             held = None
         if held is not None:
             exec_, judged = replace(held.exec_, argv=tuple(argv), cwd=cwd), held.judged
@@ -845,12 +844,6 @@ class EscalationSession:
         spec = self.launcher.sandbox
         return spec.layout_now() if spec is not None else ()
 
-    @staticmethod
-    def _drop(held: HeldShell) -> None:
-        """A held shell no call will use: it goes, with what was opened for it."""
-        held.kill()
-        _close_all(held.judged)
-
     async def _start_judged(
         self,
         exec_: GatedExec,
@@ -889,10 +882,9 @@ class EscalationSession:
         )
         sandboxed = self.confined and not escalate
         if held is not None:
-            fits = held.fits(argv, child_env, sandboxed=sandboxed, pgid=pgid)
-            # Again now: a human may have been asked meanwhile.
-            current = held.still_current(self.live.contents, self.live.snapshot, self._layout())
-            if HOLD_FD not in stdio and fits and current:
+            fits = held.fits(argv, child_env, stdio, sandboxed=sandboxed, pgid=pgid)
+            # Now, not at the call's start: a human may have been asked meanwhile.
+            if fits and held.still_current(self.live.contents, self.live.snapshot, self._layout()):
                 await self.launcher.release(
                     held.process,
                     argv=argv,

@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from egtest_launch import BIN, run
 
@@ -168,3 +169,18 @@ def _hold_attempt(middle: bool) -> str:
 def test_a_hold_is_honoured_only_through_a_socket_the_parent_made() -> None:
     assert _hold_attempt(middle=False).strip() == "released-by-the-socket-maker"
     assert _hold_attempt(middle=True).strip() == "ran-as-exec-ed"
+
+
+def test_a_hold_is_honoured_only_through_the_parents_socket_as_an_unprivileged_user(
+    unprivileged: Any,
+) -> None:
+    here = Path(__file__).resolve().parent
+    check = (
+        f"import sys; sys.path[:0] = [{str(here)!r}]\n"
+        "import test_launcher_held as t\n"
+        "assert t._hold_attempt(middle=False).strip() == 'released-by-the-socket-maker'\n"
+        "assert t._hold_attempt(middle=True).strip() == 'ran-as-exec-ed'\n"
+        "print('ok')\n"
+    )
+    result = unprivileged.run([sys.executable, "-c", check], timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == b"ok", result

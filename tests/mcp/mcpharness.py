@@ -289,14 +289,15 @@ class PipeLines:
 
 
 class RawServer:
-    """``execgate mcp --sandbox off`` run as the unprivileged user in ``folder`` (with an empty
-    rules file there), driven over raw stdio JSON-RPC: for tests that need no SDK client."""
+    """``execgate mcp OPTIONS`` (default ``--sandbox off``) run as the unprivileged user in
+    ``folder`` (with an empty rules file there), driven over raw stdio JSON-RPC: for tests that
+    need no SDK client."""
 
-    def __init__(self, unprivileged: Any, folder: Path) -> None:
+    def __init__(self, unprivileged: Any, folder: Path, *options: str) -> None:
         rules = folder / "empty.rules"
         rules.write_text("")
         unprivileged.chown_tree(folder)
-        argv = [*EXECGATE, "mcp", "--sandbox", "off", "--rules", str(rules)]
+        argv = [*EXECGATE, "mcp", *(options or ("--sandbox", "off")), "--rules", str(rules)]
         self._server = subprocess.Popen(
             unprivileged.argv(argv),
             env=unprivileged.env(),

@@ -6,9 +6,14 @@ ask for a hold."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
-from mcpharness import WS, Mcp, payload, shell_args
+from mcpharness import WS, Mcp, RawServer, payload, shell_args
 
 from execgate.gate.held import COMMAND_ROOM
 
@@ -20,6 +25,27 @@ PROBE = (
     '"${EXECGATE_HOLD_ROOM-unset}" "$(tr "\\0" "\\n" < /proc/$$/cmdline | grep -c .)" '
     f'"{NULS}"; read -r x || echo stdin-empty; exit 5'
 )
+
+
+def wait_for_held_shells(uid: int, count: int = 2) -> None:
+    """Until ``count`` shells of ``uid`` wait held (their placeholder command is all spaces),
+    i.e. the server's spares have set up their sandboxes."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        held = 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.stat(f"/proc/{pid}").st_uid != uid:
+                    continue
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if len(args) > 2 and args[1] == b"-c" and args[2] and not args[2].strip():
+                held += 1
+        if held >= count:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"fewer than {count} held shells after 60 s")
 
 
 @pytest.mark.parametrize("sandbox", ["off", "workspace-write"])
@@ -91,7 +117,8 @@ def test_a_git_folder_made_after_the_shell_was_held_is_read_only_in_the_call(mcp
 
     async def scenario() -> list[str]:
         async with mcp.client(*WS) as client:
-            await client.call_tool("shell", shell_args(mcp, "true"))  # the spares are held now
+            await client.call_tool("shell", shell_args(mcp, "true"))
+            wait_for_held_shells(os.getuid())  # both spares' sandboxes are set up
             (mcp.work / ".git" / "hooks").mkdir(parents=True)  # `git init`, outside
             outputs = []
             for _ in range(3):  # both spares, and one opened after
@@ -103,3 +130,29 @@ def test_a_git_folder_made_after_the_shell_was_held_is_read_only_in_the_call(mcp
         assert output.count("rc=1") == 2, output
     assert not (mcp.work / ".git" / "hooks" / "planted").exists()
     assert not (mcp.work / ".git" / "config.new").exists()
+
+
+def test_held_shells_as_an_unprivileged_user(unprivileged: Any) -> None:
+    """The same as an ordinary user's server, in workspace-write: calls are held, a `.git` made
+    after the shells were held is read-only, and a gated program cannot ask for a hold."""
+    work = unprivileged.make_dir()  # the server's workspace (its cwd) and the calls' workdir
+    probe = f'echo "nuls={NULS}"'
+    plant = "echo x > .git/hooks/planted; echo rc=$?"
+    forged = "EXECGATE_HOLD=3 env | grep -c '^EXECGATE_HOLD'; true"
+
+    def output(answer: dict[str, Any]) -> str:
+        text: str = json.loads(answer["result"]["content"][0]["text"])["output"]
+        return text
+
+    with RawServer(unprivileged, work, *WS) as server:
+        call = {"workdir": str(work), "login": False}
+        first = output(server.shell(command=probe, **call))
+        assert int(first.split("=")[1]) > 3, first  # held
+        wait_for_held_shells(unprivileged.uid)  # both spares' sandboxes are set up
+        (work / ".git" / "hooks").mkdir(parents=True)  # the user's `git init`, outside
+        os.chown(work / ".git", unprivileged.uid, unprivileged.gid)
+        os.chown(work / ".git" / "hooks", unprivileged.uid, unprivileged.gid)
+        for _ in range(3):
+            assert output(server.shell(command=plant, **call)).endswith("rc=1\n")
+        assert output(server.shell(command=forged, **call)) == "0\n"
+    assert not (work / ".git" / "hooks" / "planted").exists()

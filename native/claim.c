@@ -269,6 +269,8 @@ static void block_forwarded(sigset_t *waitmask);
 static void take_signals(int in_process);
 __attribute__((noreturn)) static void await_program(int sock, char *const *cmd,
                                                     const char *ticket, const sigset_t *mask);
+__attribute__((noreturn)) static void end_as_program(int sock, int errfd, char *const *cmd,
+                                                     const char *ticket);
 
 void eg_claim(const char *ticket, char *const *envp, char *const *cmd, int in_process)
 {
@@ -402,6 +404,13 @@ __attribute__((noreturn)) static void await_program(int sock, char *const *cmd,
             break;
     }
 
+    end_as_program(sock, errfd, cmd, ticket);
+}
+
+/* The program's end is the next frame on sock: read it and end the same way. */
+__attribute__((noreturn)) static void end_as_program(int sock, int errfd, char *const *cmd,
+                                                     const char *ticket)
+{
     char ans[8192];
     char *payload;
     void *map;
@@ -492,6 +501,8 @@ void eg_claim_standing(const char *path, int prog, char *const *argv, char *cons
     char *payload = NULL;
     void *map = NULL;
     size_t maplen = 0;
+    if (r >= 0)
+        r = eg_await_readable(sock);
     ssize_t len = r < 0 ? r : eg_recv_frame_mm(sock, ans, sizeof ans, &payload, &map, &maplen);
     if (map)
         munmap(map, maplen);
@@ -501,6 +512,11 @@ void eg_claim_standing(const char *path, int prog, char *const *argv, char *cons
         const char *tag = eg_next(&f, NULL), *kind = eg_next(&f, NULL);
         int ours = tag && kind && !strcmp(tag, EG_TAG);
         if (ours && !strcmp(kind, "go") && eg_fields_done(&f)) {
+            /* A short program may have ended already (the launcher can resume from its
+             * vfork after that): nothing is left to take over, its end is the next frame. */
+            struct pollfd now = {.fd = sock, .events = POLLIN};
+            if (poll(&now, 1, 0) == 1)
+                end_as_program(sock, 2, cmd, NULL);
             take_signals(1);
             await_program(sock, cmd, NULL, &waitmask);
         }

@@ -3,6 +3,7 @@
 #include "sys.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -280,6 +281,16 @@ ssize_t eg_recv_frame_mm(int sock, char *buf, size_t cap, char **payload, void *
     }
     *payload = dst;
     return len;
+}
+
+int eg_await_readable(int sock)
+{
+    struct pollfd pfd = {.fd = sock, .events = POLLIN};
+    int r;
+    do {
+        r = eg_sys_ppoll(&pfd, 1);
+    } while (r == -EINTR);
+    return r < 0 ? r : 0;
 }
 
 ssize_t eg_recv_frame_alloc(int sock, char **out, int *fds, int *nfds, int maxfds)

@@ -59,6 +59,12 @@ ssize_t eg_recv_frame(int sock, char *buf, size_t cap, int *fds, int *nfds, int 
 ssize_t eg_recv_frame_mm(int sock, char *buf, size_t cap, char **payload, void **map,
                          size_t *maplen);
 
+/* Wait until sock is readable or hung up: 0, or -errno (EINTR retried). Call it before a
+ * blocking receive of an answer: a receive's sleep is also woken by the write-space wake-up
+ * the peer's read of our request causes (a wasted wake-up, often of an idle CPU); a poll's
+ * sleep only by POLLIN. Async-signal-safe. */
+int eg_await_readable(int sock);
+
 /* Same, but the payload is malloc'ed (caller frees *out). Not for vfork children. */
 ssize_t eg_recv_frame_alloc(int sock, char **out, int *fds, int *nfds, int maxfds);
 

@@ -1251,7 +1251,9 @@ static void ask(const struct eg_call *c, const struct prog *p, const char *cwd, 
         return;
     }
     char *payload;
-    ssize_t len = eg_recv_frame_mm(sock, ans, ANSWER_CAP, &payload, ans_map, ans_maplen);
+    r = eg_await_readable(sock);
+    ssize_t len =
+        r < 0 ? r : eg_recv_frame_mm(sock, ans, ANSWER_CAP, &payload, ans_map, ans_maplen);
     eg_sys_close(sock);
     if (len == -ENODATA) {
         set_error(a, "the execgate server closed the connection without answering", NULL, 0);

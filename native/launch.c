@@ -1545,7 +1545,8 @@ static void handle_standing_claim(struct conn *c, struct eg_fields *f)
     pid_t ppid = 0;
     int pidfd = t ? gr_peer_pidfd(c->fd) : -1;
     if (t && standing_holds(t, c, prog, pidfd)) {
-        if (eg_read_stat(c->peer, &ppid, NULL) < 0) /* for the claim's decision record */
+        /* for the claim's decision record */
+        if (eg_pidfd_ppid(pidfd, &ppid) < 0 && eg_read_stat(c->peer, &ppid, NULL) < 0)
             ppid = 0;
         /* (checks the pidfd last: the /proc reads above were the claimer's) */
         where = gr_examine_claim(pidfd, c->peer, t->cwd, &repo, 1);

@@ -165,6 +165,12 @@ static inline ssize_t eg_sys_recvmsg(int fd, void *msg, int flags)
     return EG_SC(SYS_recvmsg, fd, msg, flags, 0, 0, 0);
 }
 
+/* ppoll without a timeout or signal mask: the process's mask stays as it is. */
+static inline int eg_sys_ppoll(void *fds, unsigned long nfds)
+{
+    return (int)EG_SC(SYS_ppoll, fds, nfds, 0, 0, 0, 0);
+}
+
 static inline pid_t eg_sys_getpid(void) { return (pid_t)EG_SC(SYS_getpid, 0, 0, 0, 0, 0, 0); }
 
 static inline pid_t eg_sys_getppid(void) { return (pid_t)EG_SC(SYS_getppid, 0, 0, 0, 0, 0, 0); }

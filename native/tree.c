@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
+#include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -18,6 +20,27 @@
 #ifndef SYS_pidfd_send_signal
 #define SYS_pidfd_send_signal 424
 #endif
+
+/* struct pidfd_info of <linux/pidfd.h>, its first version (older headers lack it). */
+struct eg_pidfd_info {
+    uint64_t mask, cgroupid;
+    uint32_t pid, tgid, ppid, ruid, rgid, euid, egid, suid, sgid, fsuid, fsgid, spare0;
+};
+_Static_assert(sizeof(struct eg_pidfd_info) == 64, "PIDFD_INFO_SIZE_VER0");
+#define EG_PIDFD_GET_INFO _IOWR(0xFF, 11, struct eg_pidfd_info)
+#define EG_PIDFD_INFO_PID 1ULL
+
+int eg_pidfd_ppid(int pidfd, pid_t *ppid)
+{
+    struct eg_pidfd_info info;
+    memset(&info, 0, sizeof info);
+    info.mask = EG_PIDFD_INFO_PID;
+    if (pidfd < 0 || ioctl(pidfd, EG_PIDFD_GET_INFO, &info) < 0 ||
+        !(info.mask & EG_PIDFD_INFO_PID))
+        return -1;
+    *ppid = (pid_t)info.ppid;
+    return 0;
+}
 
 /* /proc/PID/stat: parent pid and start time (clock ticks since boot). */
 int eg_read_stat(pid_t pid, pid_t *ppid, unsigned long long *start)

@@ -15,6 +15,11 @@
  * 0, or -1 when the process is gone or the file is unreadable. */
 int eg_read_stat(pid_t pid, pid_t *ppid, unsigned long long *start);
 
+/* The parent pid of the live process behind pidfd, from the kernel's pidfd information
+ * (PIDFD_GET_INFO, Linux 6.13): no /proc read. 0, or -1 when that is not available (an older
+ * kernel, the process gone): the caller reads /proc. */
+int eg_pidfd_ppid(int pidfd, pid_t *ppid);
+
 /* Send sig (and SIGCONT after it when also_cont) to every descendant of self (the calling
  * process), breadth first, walking /proc/PID/task/TID/children. self's own children are
  * signalled with kill() (they cannot be reused before self reaps them); deeper ones through a

@@ -12,6 +12,8 @@ import signal
 import subprocess
 import textwrap
 
+import pytest
+
 from .gateserver import Deny, Escalate, Run, deny_names
 from .support import Gate, marker
 
@@ -33,6 +35,29 @@ def test_escalated_program_gets_stdio_fd3_and_status(gate: Gate) -> None:
     assert env[b"EXECGATE_TOKEN"] == gate.server.token.encode()
     assert env[b"LD_PRELOAD"].startswith(str(gate.native["preload"]).encode())
     assert e.request.argv == (b"esc", b"a", b"b c")
+
+
+@pytest.mark.parametrize("passed", [9, 300, 700])
+def test_the_claim_passes_exactly_the_inheritable_descriptors(gate: Gate, passed: int) -> None:
+    """Whatever the size of the claimer's descriptor table (64, 512, above what the claim probes
+    without /proc): every inheritable descriptor and no close-on-exec one."""
+    esc_rule(gate)
+    marker(gate.bin, "esc", "exit 0")
+    code = textwrap.dedent(
+        f"""
+        import os
+        fd = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(fd, {passed})
+        os.dup2(fd, {passed} + 5, inheritable=False)
+        os.dup2(fd, 60, inheritable=False)
+        os.close(fd)
+        os.execvp("esc", ["esc"])
+        """
+    )
+    r = gate.run(["python3", "-c", code])
+    assert r.returncode == 0, r.stderr
+    (e,) = gate.server.escalations
+    assert e.claim is not None and e.claim.fd_numbers == (0, 1, 2, passed)
 
 
 def test_escalated_program_stays_gated(gate: Gate) -> None:

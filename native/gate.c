@@ -796,6 +796,73 @@ __attribute__((noinline)) static int join_at(char *out, int dirfd, const char *r
     return read_link(dirfd, dir, sizeof dir) < 0 || join(out, dir, rel) < 0 ? -1 : 0;
 }
 
+/* The canonical path of abs (an absolute path that opened the file of dev, ino) into out
+ * (EG_PATH), resolved without /proc: a readlink of each component (EINVAL unless it is a
+ * symlink, whose target is then resolved in its place), then a stat that must find that very
+ * file. 0, or -1 (a loop, a missing or unreadable component, over 1 KiB, another file at the
+ * end): the caller reads /proc/self/fd/N, whose lookups cost a process just forked ~10 µs;
+ * these cost a few µs on dentries that stay cached. noinline: its buffers stay out of the hot
+ * frame. */
+__attribute__((noinline)) static int resolve_path(const char *abs, unsigned long long dev,
+                                                  unsigned long long ino, char *out)
+{
+    enum { ROOM = 1024 };
+    char rest[ROOM], link[ROOM];
+    size_t len = strlen(abs), at = 0, olen = 0; /* out is "" for "/" until the end */
+    if (abs[0] != '/' || len >= ROOM)
+        return -1;
+    memcpy(rest, abs, len + 1);
+    for (int links = 0;;) {
+        while (rest[at] == '/')
+            at++;
+        if (!rest[at])
+            break;
+        size_t from = at;
+        while (rest[at] && rest[at] != '/')
+            at++;
+        size_t n = at - from;
+        if (n == 1 && rest[from] == '.')
+            continue;
+        if (n == 2 && rest[from] == '.' && rest[from + 1] == '.') {
+            while (olen > 0 && out[olen - 1] != '/')
+                olen--;
+            if (olen > 0)
+                olen--;
+            out[olen] = '\0';
+            continue;
+        }
+        size_t parent = olen;
+        if (olen + 1 + n >= ROOM)
+            return -1;
+        out[olen] = '/';
+        memcpy(out + olen + 1, rest + from, n);
+        olen += 1 + n;
+        out[olen] = '\0';
+        ssize_t k = eg_sys_readlink(out, link, sizeof link);
+        if (k == -EINVAL) /* not a symlink */
+            continue;
+        if (k <= 0 || k >= ROOM || ++links > 40)
+            return -1;
+        size_t tail = strlen(rest + at); /* rest becomes the target, then what was left */
+        if ((size_t)k + tail >= ROOM)
+            return -1;
+        memmove(rest + k, rest + at, tail + 1);
+        memcpy(rest, link, (size_t)k);
+        at = 0;
+        olen = link[0] == '/' ? 0 : parent;
+        out[olen] = '\0';
+    }
+    if (olen == 0) {
+        out[0] = '/';
+        out[1] = '\0';
+    }
+    struct stat st;
+    return eg_sys_fstatat(AT_FDCWD, out, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                   (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino
+               ? 0
+               : -1;
+}
+
 /* Open the program as the kernel would find it. 0 or an errno the kernel would give. */
 static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *path, int fd_in,
                      int atflags)
@@ -886,17 +953,21 @@ static int prog_open(struct prog *p, const char *cwd, int dirfd, const char *pat
     else
         p->kind = K_OPAQUE;
     p->own_fd = 1;
-    read_link(p->fd, p->real, EG_PATH);
-    p->abs = p->real + strlen(p->real) + 1;
 
+    char *abs = p->names + EG_PATH; /* for now: moved right after real below */
     if (path[0] == '/') {
-        memcpy(p->abs, path, plen + 1);
+        memcpy(abs, path, plen + 1);
     } else if (dirfd == AT_FDCWD) {
-        if (!cwd[0] || join(p->abs, cwd, path) < 0)
-            memcpy(p->abs, path, plen + 1);
-    } else if (join_at(p->abs, dirfd, path) < 0) {
-        memcpy(p->abs, path, plen + 1);
+        if (!cwd[0] || join(abs, cwd, path) < 0)
+            memcpy(abs, path, plen + 1);
+    } else if (join_at(abs, dirfd, path) < 0) {
+        memcpy(abs, path, plen + 1);
     }
+    if (abs[0] != '/' || resolve_path(abs, p->dev, p->ino, p->real) < 0)
+        read_link(p->fd, p->real, EG_PATH);
+    size_t rlen = strlen(p->real);
+    p->abs = p->real + rlen + 1;
+    memmove(p->abs, abs, strlen(abs) + 1);
     return 0;
 }
 

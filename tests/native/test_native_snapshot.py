@@ -65,6 +65,32 @@ def test_match_by_each_name(gate: Gate) -> None:
         assert bool(gate.server.requests) == expect, (names, files, cmd)
 
 
+def test_the_canonical_path_through_symlinks(gate: Gate) -> None:
+    """REALPATH (the snapshot's canonical name) is the file's path with every symlink resolved,
+    as /proc would give it: relative and absolute links, of folders and of files, chains, and
+    `..` after a link (physical, not lexical)."""
+    w = gate.work
+    (w / "d1" / "d2").mkdir(parents=True)
+    tool = shutil.copy("/bin/echo", w / "d1" / "d2" / "tool")
+    os.symlink("d1/d2", w / "rel")
+    os.symlink(w / "d1", w / "abs")
+    os.symlink("../d2/tool", w / "d1" / "d2" / "up")
+    os.symlink("rel/up", w / "chain")
+    os.symlink("abs/d2/..", w / "dotdot")
+    cmds = ["./rel/tool", "./abs/d2/tool", "./chain", "./dotdot/d2/./tool", f"{w}//rel///up"]
+    cmds += ["./rel/../d2/tool", "d1/d2/tool"]
+    gate.server.write_snapshot(encode_snapshot([os.fsencode(os.path.realpath(tool))]))
+    for cmd in cmds:
+        gate.server.clear()
+        r = gate.sh(f"{cmd} x")
+        assert r.stdout == b"x\n", cmd
+        assert len(gate.server.requests) == 1, cmd
+    gate.server.clear()
+    gate.server.write_snapshot(encode_snapshot([os.fsencode(w / "chain")]))
+    assert gate.sh("./rel/tool x").stdout == b"x\n"
+    assert not gate.server.requests  # a name of the file that is not its canonical path
+
+
 def test_a_program_of_a_listed_size_asks(gate: Gate) -> None:
     """A copy of a rule-named file has its size: a program of a size in the snapshot asks (the
     server tells a copy by content), also as a memfd executed by descriptor or by its

@@ -7,8 +7,16 @@
  *   claimers handler PROG [ARGS...]      a caught SIGRTMIN handler, then exec: as after an exec,
  *                                        the handler must never run (prints "handler ran")
  * fork/vfork wait for the child and exit with its code (128+signal for a signal death); the
- * others become the program. A failed exec prints "errno=N" and exits 99. */
+ * others become the program. A failed exec prints "errno=N" and exits 99.
+ *   claimers no-unshare HOW PROG [ARGS...]  the same under a seccomp filter that refuses
+ *                                        unshare() (EPERM), as some containers do */
 #include <errno.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -50,8 +58,32 @@ static void on_rtmin(int sig)
     (void)!write(1, msg, sizeof msg - 1);
 }
 
+static void refuse_unshare(void)
+{
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_unshare, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = sizeof f / sizeof f[0], .filter = f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 ||
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) < 0) {
+        perror("seccomp");
+        _exit(2);
+    }
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "no-unshare")) {
+        refuse_unshare();
+        argv++;
+        argc--;
+    }
     if (argc < 3) {
         fprintf(stderr, "usage: claimers fork|vfork|thread|from-thread|handler PROG [ARGS...]\n");
         return 2;

@@ -68,7 +68,9 @@ async def measure(
         ]
         clients = [await s.start(place.work) for s in servers]
         perf = subprocess.Popen(
-            ["perf", "record", "-q", "-a", "-k", "CLOCK_MONOTONIC", "-o", str(data),
+            # -N: no build-id cache, whose hard links to the programs seen (~/.debug) would
+            # make each of them a file of several links, which always asks (protocol §6)
+            ["perf", "record", "-q", "-N", "-a", "-k", "CLOCK_MONOTONIC", "-o", str(data),
              *(f"-e{e}" for e in EVENTS)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -72,6 +72,7 @@ from execgate.gate.server import GateServer, Peer, Reply
 from execgate.gate.snapshot import SealedSnapshot
 from execgate.gate.standing import STANDING_VIA, Granted, Standing
 from execgate.gate.standins import StandIns
+from execgate.handoff import give_way
 from execgate.netproxy.variables import PROXY_VARIABLE_NAMES, proxy_variables
 from execgate.policy import allow_rule_line
 from execgate.sandbox import SandboxSpec, existing_carveouts
@@ -1508,8 +1509,10 @@ class _Opening:
                 with self._waiting:
                     await self._after.wait()
                     # The front end writes the answer of the call that released the session
-                    # in the turn of the loop after (rpc.Connection.send): it goes first.
+                    # in the turn of the loop after (rpc.Connection.send): it goes first, and
+                    # its reader runs before this work (execgate.handoff).
                     await anyio.sleep(0)
+                    give_way()
             if self._closed:  # given up before it was opened
                 return
             session = await EscalationSession.open(self.config)

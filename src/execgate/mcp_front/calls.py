@@ -37,6 +37,7 @@ from execgate.gate.session import (
     SessionDenied,
     SessionReserve,
 )
+from execgate.handoff import give_way
 from execgate.mcp_front.elicitation import InputRequests
 from execgate.mcp_front.stopwatch import Stopwatch
 from execgate.mcp_front.tool import (
@@ -165,6 +166,7 @@ class ShellCall:
                     exit_code = 126
                 else:
                     started = True
+                    give_way()  # to the launcher and the shell it was told to run
                     # The shell's own decision is written while it runs, not after it ended.
                     session.flush_records()
                     with anyio.CancelScope() as timer:
@@ -210,8 +212,10 @@ class ShellCall:
                         os.close(fd)
                 if self.outcome is not None:
                     # Published: the request's task, woken by `changed`, writes the answer in
-                    # this turn of the loop; the session's clean-up comes after it.
+                    # this turn of the loop; the session's clean-up comes after it, and after
+                    # the client has taken the answer.
                     await anyio.lowlevel.checkpoint()
+                    give_way()
                 if session is not None:
                     with contextlib.suppress(Exception):
                         await session.aclose(STOP_GRACE)

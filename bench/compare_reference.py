@@ -549,7 +549,7 @@ def main() -> None:
     parser.add_argument("--execs", type=int, default=300, help="execs per per-exec sample")
     parser.add_argument("--no-install", action="store_true", help="never run npm")
     parser.add_argument("--no-build", dest="build", action="store_false")
-    parser.add_argument("--build-rounds", type=int, default=3)
+    parser.add_argument("--build-rounds", type=int, default=7)
     parser.add_argument("--round-trips-only", action="store_true", help="only the round trips")
     args = parser.parse_args()
     if shutil.which("npm") is None and not (cache_dir() / "shell-tool-mcp-0.97.0").exists():

@@ -73,6 +73,8 @@
 #define MAX_UNFINISHED_BYTES ((size_t)2 * EG_MAX_PAYLOAD + ((size_t)8 << 20))
 /* ... and each one closed if its claim frame is not complete this long after it was accepted. */
 #define CLAIM_DEADLINE_MS 30000LL
+/* A standing claim's `go` waits this long for the end of its program (§4 "Standing claims"). */
+#define GO_AFTER_MS 1LL
 #define MAX_SIGNAL_FRAME 256 /* frames after the claim are `signal` frames: small */
 #define MAX_TICKET 255
 #define MAX_TICKETS 256 /* outstanding authorizations; the oldest goes first */
@@ -114,6 +116,7 @@ struct conn {
     int nfds;
     int bad;                  /* too many or truncated descriptors: malformed */
     char *display;            /* the command, for messages */
+    long long go_due;         /* a standing claim's `go` is owed by now_ms() then, 0: not */
     struct conn *next_dead;
 };
 
@@ -1316,6 +1319,16 @@ static void claim_running(struct conn *c)
         }
 }
 
+static void conn_send_kind(struct conn *c, const char *kind);
+
+/* A standing claim's `go`, if it is owed. */
+static void send_go(struct conn *c)
+{
+    if (c->go_due && c->fd >= 0)
+        conn_send_kind(c, "go");
+    c->go_due = 0;
+}
+
 /* The program was reaped with wait status `status` (ran: it had exec'ed). */
 static void claim_ended(struct conn *c, int ran, int status)
 {
@@ -1324,6 +1337,7 @@ static void claim_ended(struct conn *c, int ran, int status)
         conn_release(c); /* its claimer is gone */
         return;
     }
+    send_go(c); /* (its end is the next frame: read at the same wake-up) */
     if (ran) {
         if (WIFSIGNALED(status))
             conn_send(c, "signal", NULL, WTERMSIG(status));
@@ -1611,9 +1625,11 @@ static void handle_standing_claim(struct conn *c, struct eg_fields *f)
         if (p.state == P_FAILED) {
             claim_failed(c, failure.msg); /* (a `deny` instead of `go`) */
         } else {
-            /* `go` once the program runs (vfork: it has exec'ed): what the claimer does then
-             * (signals, descriptors) overlaps the program instead of delaying its start */
-            conn_send_kind(c, "go");
+            /* `go` once the program runs (vfork: it has exec'ed), and not at once: waking the
+             * claimer would take the CPU the program starts on (we resume before it, ~25 µs).
+             * It is owed GO_AFTER_MS from now, or comes with the program's end (a short
+             * program's claimer then wakes once, for both). */
+            c->go_due = now_ms() + GO_AFTER_MS;
             claim_running(c);
         }
     }
@@ -1826,12 +1842,17 @@ static void conn_input(struct conn *c)
     }
 }
 
-/* Close the unfinished claims past their deadline; the next one's, or -1 if none. */
+/* Close the unfinished claims past their deadline and send the `go`s owed by now; the next
+ * deadline of either, or -1 if none. */
 static long long expire_claims(void)
 {
     long long now = now_ms(), next = -1;
     for (size_t i = g_nconns; i-- > 0;) { /* conn_close moves the last one to i */
         struct conn *c = g_conns[i];
+        if (c->go_due && now >= c->go_due)
+            send_go(c);
+        else if (c->go_due && (next < 0 || c->go_due < next))
+            next = c->go_due;
         if (!c->unfinished)
             continue;
         if (now >= c->deadline)

@@ -7,8 +7,8 @@ an answer is for), the event loop's thread therefore blocks for a moment, which 
 CPU's scheduler take the woken process, then yields to it in case our own wake-up from that
 block preempted it. The launcher does the same before it exits at a session's end
 (native/launch.c). Measured on a 2-CPU VM (``bench/compare_reference.py``, the ``shell`` round
-trip after 15 ms of quiet): the client took an answer 700–950 µs after it was written, and
-30–200 µs with this; the round trip went from 1.3–1.45× the reference's to 1.03–1.07×.
+trip after 15 ms of quiet): the client took an answer 700 to 950 µs after it was written, and
+30 to 200 µs with this; the round trip went from 1.3-1.45 times the reference's to 1.03-1.07 times.
 
 The block is short; the event loop does nothing else meanwhile.
 """

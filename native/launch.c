@@ -2229,8 +2229,8 @@ int main(int argc, char **argv)
                  * moment, so this CPU can take the server we just woke (idle CPUs of a VM
                  * wake slowly; execgate/handoff.py), and end at the lowest priority. */
                 setpriority(PRIO_PROCESS, 0, 19);
-                struct timespec pause = {0, 100000};
-                nanosleep(&pause, NULL);
+                struct timespec moment = {0, 100000};
+                nanosleep(&moment, NULL);
                 shutdown_session(0);
             }
         }

@@ -798,8 +798,8 @@ __attribute__((noinline)) static int join_at(char *out, int dirfd, const char *r
 
 /* The canonical path of abs (an absolute path that opened the file of dev, ino) into out
  * (EG_PATH), resolved without /proc: a readlink of each component (EINVAL unless it is a
- * symlink, whose target is then resolved in its place), then a stat that must find that very
- * file. 0, or -1 (a loop, a missing or unreadable component, over 1 KiB, another file at the
+ * symlink, whose target is then resolved in its place), then an open that follows no symlink
+ * and must find that very file. 0, or -1 (a loop, a missing or unreadable component, over 1 KiB, another file at the
  * end): the caller reads /proc/self/fd/N, whose lookups cost a process just forked ~10 µs;
  * these cost a few µs on dentries that stay cached. noinline: its buffers stay out of the hot
  * frame. */
@@ -856,11 +856,18 @@ __attribute__((noinline)) static int resolve_path(const char *abs, unsigned long
         out[0] = '/';
         out[1] = '\0';
     }
+    /* A readlink saw each component at one moment and the open took its own path at another:
+     * a component swapped with a symlink in between (renameat2 RENAME_EXCHANGE) would leave a
+     * path that only looked canonical. So out is opened once more, following no symlink at
+     * all, and must still reach that very file. */
+    int fd = eg_sys_open_no_symlinks(out, O_PATH | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return -1;
     struct stat st;
-    return eg_sys_fstatat(AT_FDCWD, out, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                   (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino
-               ? 0
-               : -1;
+    int same = eg_sys_fstat(fd, &st) == 0 && (unsigned long long)st.st_dev == dev &&
+               (unsigned long long)st.st_ino == ino;
+    eg_sys_close(fd);
+    return same ? 0 : -1;
 }
 
 /* Open the program as the kernel would find it. 0 or an errno the kernel would give. */

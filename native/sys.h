@@ -68,6 +68,16 @@ static inline int eg_sys_openat(int dirfd, const char *path, int flags)
     return (int)EG_SC(SYS_openat, dirfd, path, flags, 0, 0, 0);
 }
 
+/* openat2(2) with RESOLVE_NO_SYMLINKS (a symlink anywhere on the path: -ELOOP; -ENOSYS before
+ * Linux 5.6): how a path that has no symlink is told from one that merely had none a moment ago. */
+static inline int eg_sys_open_no_symlinks(const char *path, int flags)
+{
+    struct {
+        unsigned long long flags, mode, resolve;
+    } how = {(unsigned long long)flags, 0, 0x04 /* RESOLVE_NO_SYMLINKS */};
+    return (int)EG_SC(SYS_openat2, AT_FDCWD, path, &how, sizeof how, 0, 0);
+}
+
 static inline int eg_sys_close(int fd) { return (int)EG_SC(SYS_close, fd, 0, 0, 0, 0, 0); }
 
 /* fstatat(2): AT_EMPTY_PATH with "" for a descriptor's own stat. */

@@ -161,17 +161,18 @@ static int list_fds(int *out)
 }
 
 /* The open descriptors, ascending, into out (MAX_SEEN); -1 when the descriptor table is larger
- * than that. Without /proc, whose listing costs a fresh process ~30 µs: the table's size bounds
- * every open number, and select() tells whether a number is below it (it cuts its count down to
- * the table's size, then fails with EBADF on a closed number under that count); poll marks each
- * closed number POLLNVAL. Typically three calls. */
+ * than MAX_TABLE. Without /proc, whose listing costs a fresh process ~30 µs: the table's size
+ * bounds every open number, and select() tells whether a number is below it (it cuts its count
+ * down to the table's size, then fails with EBADF on a closed number under that count); then
+ * fcntl asks each number below it, ~70 ns a number (poll, which asks them all in one call,
+ * reports O_PATH descriptors as closed). */
 static int table_fds(int *out)
 {
-    enum { WORD = 8 * sizeof(unsigned long), CHUNK = 128 };
-    unsigned long bits[MAX_SEEN / WORD + 1];
+    enum { WORD = 8 * sizeof(unsigned long), MAX_TABLE = 256 };
+    unsigned long bits[MAX_TABLE / WORD + 1];
     int size = 64; /* the smallest table */
     for (;;) {
-        if (size >= MAX_SEEN)
+        if (size > MAX_TABLE)
             return -1;
         memset(bits, 0, sizeof bits);
         bits[size / WORD] = 1UL << (size % WORD);
@@ -185,18 +186,9 @@ static int table_fds(int *out)
             break; /* at or above it: every open number is below size */
     }
     int n = 0;
-    for (int lo = 0; lo < size; lo += CHUNK) {
-        struct pollfd pfd[CHUNK];
-        int k = size - lo < CHUNK ? size - lo : CHUNK;
-        for (int i = 0; i < k; i++)
-            pfd[i] = (struct pollfd){.fd = lo + i, .events = 0};
-        struct timespec zero = {0, 0};
-        if (ppoll(pfd, (nfds_t)k, &zero, NULL) < 0)
-            return -1;
-        for (int i = 0; i < k; i++)
-            if (!(pfd[i].revents & POLLNVAL))
-                out[n++] = lo + i;
-    }
+    for (int fd = 0; fd < size; fd++)
+        if (fcntl(fd, F_GETFD) >= 0)
+            out[n++] = fd;
     return n;
 }
 

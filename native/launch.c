@@ -136,6 +136,10 @@ struct ticket {
     size_t argc;
     long long dev, ino, ctime_ns, mtime_ns, size, mode, nlink; /* the server's fstat */
     long long standin_dev, standin_ino; /* the stand-in the request came through (§5) */
+    /* The names DROP and SET take away from the claimer's environment, hashed (apply_env, made
+     * at the first claim): nslots a power of two, an empty slot NULL. */
+    const char **skip;
+    size_t nslots;
 };
 
 static struct sb_config g_sandbox;
@@ -957,6 +961,7 @@ static void free_ticket(struct ticket *t)
     free(t->prefix);
     free(t->keep);
     free(t->set);
+    free(t->skip);
     free(t->mem);
     if (t->fd >= 0)
         close(t->fd);
@@ -1149,20 +1154,63 @@ static int handle_standing(struct eg_fields *f, char *payload, size_t len, const
  * entries without '=' and names in DROP go; names with a PREFIX go unless the entry is one of
  * KEEP; names SET assigns go; the last value of a repeated name wins, at its first place; then
  * the SET entries are appended. The strings stay the caller's; the vector is malloc'ed. */
-static int name_is(const char *entry, size_t n, const char *name)
+static uint64_t name_hash(const char *name, size_t n)
 {
-    return strncmp(entry, name, n) == 0 && name[n] == '\0';
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
+    for (size_t k = 0; k < n; k++)
+        h = (h ^ (unsigned char)name[k]) * 0x100000001b3ULL;
+    return h;
 }
 
-static int name_in_entries(char **list, const char *entry, size_t n)
+static size_t name_len(const char *s)
 {
-    for (; *list; list++)
-        if (strncmp(*list, entry, n) == 0 && (*list)[n] == '=')
+    const char *eq = strchr(s, '=');
+    return eq ? (size_t)(eq - s) : strlen(s);
+}
+
+/* Is the n bytes at name one of t's skipped names (t->skip: a NAME or a NAME=value)? */
+static int skipped(const struct ticket *t, const char *name, size_t n)
+{
+    for (size_t at = (size_t)name_hash(name, n) & (t->nslots - 1); t->skip[at];
+         at = (at + 1) & (t->nslots - 1))
+        if (name_len(t->skip[at]) == n && !memcmp(t->skip[at], name, n))
             return 1;
     return 0;
 }
 
-static char **apply_env(const struct ticket *t, char **env)
+/* t->skip from DROP and SET's names, once: an exec's environment is looked up name by name
+ * instead of against each of the ~100 rules. 0, or -1 (out of memory). */
+static int index_skipped(struct ticket *t)
+{
+    if (t->skip)
+        return 0;
+    size_t n = 0;
+    for (char **d = t->drop; *d; d++)
+        n++;
+    for (char **e = t->set; *e; e++)
+        n++;
+    size_t cap = 16;
+    while (cap < 2 * (n + 1))
+        cap *= 2;
+    const char **skip = calloc(cap, sizeof *skip);
+    if (!skip)
+        return -1;
+    for (int list = 0; list < 2; list++)
+        for (char **e = list ? t->set : t->drop; *e; e++) {
+            if (!list && strchr(*e, '='))
+                continue; /* a name to drop with '=' in it matches no variable's name */
+            size_t k = name_len(*e);
+            size_t at = (size_t)name_hash(*e, k) & (cap - 1);
+            while (skip[at])
+                at = (at + 1) & (cap - 1);
+            skip[at] = *e;
+        }
+    t->skip = skip;
+    t->nslots = cap;
+    return 0;
+}
+
+static char **apply_env(struct ticket *t, char **env)
 {
     size_t n = 0, nset = 0;
     while (env[n])
@@ -1172,6 +1220,8 @@ static char **apply_env(const struct ticket *t, char **env)
     size_t cap = 16;
     while (cap < 2 * (n + 1))
         cap *= 2;
+    if (index_skipped(t) < 0)
+        return NULL;
     char **out = malloc((n + nset + 1) * sizeof *out);
     size_t *slot = malloc(cap * sizeof *slot); /* hash of kept names -> index + 1 in out */
     if (!out || !slot) {
@@ -1187,9 +1237,7 @@ static char **apply_env(const struct ticket *t, char **env)
         if (!eq)
             continue;
         size_t nl = (size_t)(eq - e);
-        int skip = 0;
-        for (char **d = t->drop; *d && !skip; d++)
-            skip = name_is(e, nl, *d);
+        int skip = skipped(t, e, nl);
         for (char **p = t->prefix; *p && !skip; p++) {
             size_t pl = strlen(*p);
             if (pl <= nl && !strncmp(e, *p, pl)) {
@@ -1198,12 +1246,9 @@ static char **apply_env(const struct ticket *t, char **env)
                     skip = strcmp(*k, e) != 0;
             }
         }
-        if (skip || name_in_entries(t->set, e, nl))
+        if (skip)
             continue;
-        uint64_t h = 0xcbf29ce484222325ULL;
-        for (size_t k = 0; k < nl; k++)
-            h = (h ^ (unsigned char)e[k]) * 0x100000001b3ULL;
-        size_t at = (size_t)h & (cap - 1);
+        size_t at = (size_t)name_hash(e, nl) & (cap - 1);
         while (slot[at] && strncmp(out[slot[at] - 1], e, nl + 1) != 0)
             at = (at + 1) & (cap - 1);
         if (slot[at]) {

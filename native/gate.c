@@ -799,10 +799,10 @@ __attribute__((noinline)) static int join_at(char *out, int dirfd, const char *r
 /* The canonical path of abs (an absolute path that opened the file of dev, ino) into out
  * (EG_PATH), resolved without /proc: a readlink of each component (EINVAL unless it is a
  * symlink, whose target is then resolved in its place), then an open that follows no symlink
- * and must find that very file. 0, or -1 (a loop, a missing or unreadable component, over 1 KiB, another file at the
- * end): the caller reads /proc/self/fd/N, whose lookups cost a process just forked ~10 µs;
- * these cost a few µs on dentries that stay cached. noinline: its buffers stay out of the hot
- * frame. */
+ * and must find that very file. 0, or -1 (a loop, a missing or unreadable component, over
+ * 1 KiB, another file at the end): the caller reads /proc/self/fd/N, whose lookups cost a
+ * process just forked ~10 µs; these cost a few µs on dentries that stay cached. noinline: its
+ * buffers stay out of the hot frame. */
 __attribute__((noinline)) static int resolve_path(const char *abs, unsigned long long dev,
                                                   unsigned long long ino, char *out)
 {

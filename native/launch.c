@@ -1150,10 +1150,6 @@ static int handle_standing(struct eg_fields *f, char *payload, size_t len, const
     return 0;
 }
 
-/* The escalated program's environment: the claimer's, through the ticket's rules (§7):
- * entries without '=' and names in DROP go; names with a PREFIX go unless the entry is one of
- * KEEP; names SET assigns go; the last value of a repeated name wins, at its first place; then
- * the SET entries are appended. The strings stay the caller's; the vector is malloc'ed. */
 static uint64_t name_hash(const char *name, size_t n)
 {
     uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
@@ -1210,6 +1206,10 @@ static int index_skipped(struct ticket *t)
     return 0;
 }
 
+/* The escalated program's environment: the claimer's, through the ticket's rules (§7):
+ * entries without '=' and names in DROP go; names with a PREFIX go unless the entry is one of
+ * KEEP; names SET assigns go; the last value of a repeated name wins, at its first place; then
+ * the SET entries are appended. The strings stay the caller's; the vector is malloc'ed. */
 static char **apply_env(struct ticket *t, char **env)
 {
     size_t n = 0, nset = 0;

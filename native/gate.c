@@ -1002,8 +1002,8 @@ struct snap_map {
     long long mtime_sec, mtime_nsec, st_size;
     int valid;          /* well-formed */
     unsigned flags;
-    uint32_t names, files, sizes;
-    uint64_t names_off, files_off, sizes_off;
+    uint32_t names, files, sizes, ask_dirs;
+    uint64_t names_off, files_off, sizes_off, ask_dirs_off;
 };
 
 static struct snap_map snap_slots[SNAP_SLOTS];
@@ -1040,11 +1040,12 @@ static void snap_validate(struct snap_map *m)
     m->names_off = le64(b + 24);
     m->files_off = le64(b + 32);
     m->sizes_off = le64(b + 40);
+    m->ask_dirs = le32(b + 48);
+    m->ask_dirs_off = le64(b + 56);
     if (m->flags & ~SNAP_ASK_ALWAYS)
         return; /* a flag we do not know: do not guess */
-    for (int i = 48; i < 64; i++)
-        if (b[i])
-            return;
+    if (le32(b + 52))
+        return;
     uint64_t size = m->size;
     if (m->names_off > size || (uint64_t)m->names * 8 > size - m->names_off)
         return;
@@ -1065,7 +1066,36 @@ static void snap_validate(struct snap_map *m)
     for (uint32_t i = 1; i < m->sizes; i++)
         if (le64(b + m->sizes_off + 8 * (i - 1)) > le64(b + m->sizes_off + 8 * i))
             return;
+    /* the ask folders: each a u32 length and that many bytes of an absolute path without a
+     * trailing slash ("/" alone), no NUL */
+    uint64_t at = m->ask_dirs_off;
+    if (m->ask_dirs && at > size)
+        return;
+    for (uint32_t i = 0; i < m->ask_dirs; i++) {
+        if (size - at < 4)
+            return;
+        uint32_t n = le32(b + at);
+        at += 4;
+        if (n == 0 || n > size - at || b[at] != '/' || memchr(b + at, '\0', n) ||
+            (n > 1 && b[at + n - 1] == '/'))
+            return;
+        at += n;
+    }
     m->valid = 1;
+}
+
+/* Whether the canonical path real is one of the snapshot's ask folders or lies below one. */
+static int snap_in_ask_dir(const struct snap_map *m, const char *real)
+{
+    uint64_t at = m->ask_dirs_off;
+    for (uint32_t i = 0; i < m->ask_dirs; i++) {
+        uint32_t n = le32(m->base + at);
+        const char *f = (const char *)m->base + at + 4;
+        at += 4 + (uint64_t)n;
+        if (n == 1 || (strncmp(real, f, n) == 0 && (real[n] == '\0' || real[n] == '/')))
+            return 1;
+    }
+    return 0;
 }
 
 /* Whether the ascending array of count little-endian u64 at base holds value. */
@@ -1127,6 +1157,11 @@ static int snap_match(const struct snap_map *m, const struct prog *p)
     if (snap_name_str(m, p->abs) || snap_name_str(m, eg_basename(p->abs)))
         return 1;
     if (snap_name_str(m, p->real) || snap_name_str(m, eg_basename(p->real)))
+        return 1;
+    /* In a folder the sandbox can write, seen from outside it (an escalated program's
+     * snapshot), or in no folder at all (a memfd, a deleted file: who wrote it?): the server
+     * decides whether it runs outside or inside the sandbox. */
+    if (m->ask_dirs && (p->nlink == 0 || snap_in_ask_dir(m, p->real)))
         return 1;
     /* Of a rule-named file's size: maybe a copy of it (renamed, in a memfd, of ld.so), which
      * only the server can tell, by content. Sizes rarely collide otherwise. */

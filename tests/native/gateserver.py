@@ -148,6 +148,7 @@ def encode_snapshot(
     *,
     flags: int = 0,
     sizes: list[int] = (),  # type: ignore[assignment]
+    ask_folders: list[bytes] = (),  # type: ignore[assignment]
 ) -> bytes:
     """The §6 snapshot format, written independently of the server's encoder."""
     hashes = sorted({fnv1a64(n) for n in names})
@@ -157,10 +158,13 @@ def encode_snapshot(
     files_off = names_off + 8 * len(hashes)
     sizes_off = files_off + 16 * len(fl)
     header = b"EGSNAP1\0" + struct.pack("<IIII", flags, len(hashes), len(fl), len(sz))
-    header += struct.pack("<QQQ", names_off, files_off, sizes_off) + bytes(16)
+    header += struct.pack("<QQQ", names_off, files_off, sizes_off)
     body = b"".join(struct.pack("<Q", h) for h in hashes)
     body += b"".join(struct.pack("<QQ", d, i) for d, i in fl)
     body += b"".join(struct.pack("<Q", s) for s in sz)
+    folders_off = 64 + len(body) if ask_folders else 0
+    header += struct.pack("<IIQ", len(ask_folders), 0, folders_off)
+    body += b"".join(struct.pack("<I", len(f)) + f for f in ask_folders)
     return header + body
 
 

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from execgate.gate.content import ContentIndex, RuleFile
-from execgate.gate.snapshot import Snapshot
+from execgate.gate.snapshot import Snapshot, with_ask_folders
 
 from .gateserver import encode_snapshot
 from .support import Gate, marker
@@ -145,6 +145,26 @@ def test_files_that_the_snapshot_cannot_vouch_for_always_ask(gate: Gate) -> None
     assert os.path.exists(plain)
 
 
+def test_a_program_in_an_ask_folder_asks(gate: Gate) -> None:
+    """An escalated program's snapshot lists the folders its sandbox can write: a program
+    whose canonical path lies there asks (by a link from elsewhere too); one in a folder that
+    only starts with the same letters, or elsewhere, does not; "/" lists everything."""
+    w = gate.work
+    (w / "ws" / "bin").mkdir(parents=True)
+    (w / "wsx").mkdir()
+    for where in ("ws/bin/tool", "wsx/tool", "tool"):
+        shutil.copy("/bin/echo", w / where)
+    os.symlink(w / "ws" / "bin" / "tool", w / "link")
+    cases = [("./ws/bin/tool x", True), ("./link x", True), ("./wsx/tool x", False),
+             ("./tool x", False), ("/bin/echo x", False)]  # fmt: skip
+    for folders, everything in (([str(w / "ws").encode(), b"/nowhere"], False), ([b"/"], True)):
+        gate.server.write_snapshot(encode_snapshot([b"unrelated"], ask_folders=folders))
+        for cmd, expect in cases:
+            gate.server.clear()
+            assert gate.sh(cmd).stdout == b"x\n", cmd
+            assert bool(gate.server.requests) == (expect or everything), (folders, cmd)
+
+
 def test_script_interpreter_named(gate: Gate) -> None:
     s = gate.work / "s"
     s.write_text(f"#!{gate.bin}/allowed via-interp\n")
@@ -186,7 +206,17 @@ def _corrupt(good: bytes, how: str) -> bytes:
         a, c = bytes(b[-16:-8]), bytes(b[-8:])
         b[-16:-8], b[-8:] = c, a
     elif how == "reserved":
-        b[50] = 1
+        b[52] = 1
+    elif how == "ask-folders-outside":
+        b[48:52] = struct.pack("<I", 1)
+        b[56:64] = struct.pack("<Q", len(b) - 2)
+    elif how in ("ask-folder-relative", "ask-folder-slash", "ask-folder-nul", "ask-folder-long"):
+        folder = {"ask-folder-relative": b"usr/bin", "ask-folder-slash": b"/usr/bin/",
+                  "ask-folder-nul": b"/usr\0/bin", "ask-folder-long": b"/usr/bin"}[how]  # fmt: skip
+        b[48:52] = struct.pack("<I", 1)
+        b[56:64] = struct.pack("<Q", len(b))
+        length = len(folder) + (1 if how == "ask-folder-long" else 0)
+        b += struct.pack("<I", length) + folder
     elif how == "short":
         b = b[:40]
     elif how == "empty":
@@ -206,6 +236,11 @@ def _corrupt(good: bytes, how: str) -> bytes:
         "sizes-unsorted",
         "flags",
         "reserved",
+        "ask-folders-outside",
+        "ask-folder-relative",
+        "ask-folder-slash",
+        "ask-folder-nul",
+        "ask-folder-long",
         "short",
         "empty",
         "missing",
@@ -265,4 +300,11 @@ def test_the_servers_snapshot_is_the_documented_format() -> None:
     assert snapshot.encode() == expected
     assert snapshot.encode(ask_always=True) == encode_snapshot(
         [b"git", b"rm"], [(1, 2), (3, 4)], sizes=[7, 500], flags=1
+    )
+    folders = ["/home/u/ws/", "/tmp", "/home/u/ws", "/"]
+    assert with_ask_folders(snapshot.encode(), folders) == encode_snapshot(
+        [b"git", b"rm"],
+        [(1, 2), (3, 4)],
+        sizes=[7, 500],
+        ask_folders=[b"/home/u/ws", b"/tmp", b"/"],
     )

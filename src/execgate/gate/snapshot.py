@@ -22,7 +22,7 @@ from execgate.gate.content import ContentIndex, build_index
 
 MAGIC = b"EGSNAP1\0"
 ASK_ALWAYS = 1
-_HEADER = struct.Struct("<8sIIIIQQQ16x")
+_HEADER = struct.Struct("<8sIIIIQQQIIQ")
 assert _HEADER.size == 64
 
 _FNV_OFFSET = 0xCBF29CE484222325
@@ -96,11 +96,25 @@ class Snapshot:
             names_offset,
             files_offset,
             sizes_offset,
+            0,  # ask folders: none (with_ask_folders)
+            0,
+            0,
         )
         body = struct.pack(f"<{len(hashes)}Q", *hashes)
         body += b"".join(struct.pack("<QQ", dev, ino) for dev, ino in files)
         body += struct.pack(f"<{len(sizes)}Q", *sizes)
         return header + body
+
+
+def with_ask_folders(data: bytes, folders: Iterable[str]) -> bytes:
+    """The encoded snapshot ``data`` with ask folders: a client asks about every program whose
+    canonical path is one of ``folders`` (absolute, canonical) or lies below one. The snapshot
+    of escalated programs lists the folders their sandbox can write (protocol §6)."""
+    fields = list(_HEADER.unpack_from(data))
+    listed = list(dict.fromkeys(os.fsencode(f.rstrip("/") or "/") for f in folders))
+    table = b"".join(struct.pack("<I", len(raw)) + raw for raw in listed)
+    fields[8], fields[9], fields[10] = len(listed), 0, len(data)
+    return _HEADER.pack(*fields) + data[_HEADER.size :] + table
 
 
 def _stat_id(path: str) -> FileId | None:

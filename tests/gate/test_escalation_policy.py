@@ -7,7 +7,7 @@ from pathlib import Path
 
 from execgate.gate.escalation import PolicyEscalation, Verdict
 from execgate.gate.identity import open_path
-from execgate.gate.program import GatedExec
+from execgate.gate.program import GatedExec, lookup_folders, paths_that_decide
 from execgate.policy import load_rules_files
 
 
@@ -71,3 +71,37 @@ def test_a_new_policy_is_not_answered_from_the_cache(tmp_path: Path) -> None:
     rules.write_text('prefix_rule(["true", "x"], "forbidden")\n')
     current[0] = load_rules_files([rules])
     assert escalation.decide(request, confined=True).verdict == Verdict.DENY
+
+
+def test_lookup_folders_follow_every_link(tmp_path: Path) -> None:
+    """The folders a lookup reads: each symlink followed (relative, absolute, ``..``), so a
+    path through a link in a folder someone can write is known to be theirs to re-point."""
+    real = Path(os.path.realpath(tmp_path))
+    (real / "a" / "b").mkdir(parents=True)
+    (real / "a" / "b" / "f").touch()
+    (real / "ws").mkdir()
+    os.symlink("../a/b", real / "ws" / "rel")
+    os.symlink(real / "ws" / "rel", real / "abs")
+    found = lookup_folders(f"{real}/abs/./f")
+    assert found[: len(real.parts)] == [
+        str(Path(*real.parts[:i])) for i in range(1, len(real.parts) + 1)
+    ]
+    assert found[len(real.parts) :] == [str(real / "ws"), str(real / "a"), str(real / "a" / "b")]
+    assert lookup_folders(f"{real}/missing/x")[-1] == str(real)  # nothing below is read
+    os.symlink("loop", real / "loop")
+    assert lookup_folders(f"{real}/loop/x")[-1] == str(real)  # ELOOP: no further
+
+
+def test_paths_that_decide_name_every_file_that_runs(tmp_path: Path) -> None:
+    real = Path(os.path.realpath(tmp_path))
+    script = real / "s.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    decided = paths_that_decide(exec_of(script))
+    assert decided[0] == str(script) and os.path.realpath("/bin/sh") in decided
+    assert str(real) in decided  # the interpreter reads the script by its name
+    loader = exec_of(Path("/lib64/ld-linux-x86-64.so.2"), "--inhibit-cache", str(script))
+    ld_so = os.path.realpath("/lib64/ld-linux-x86-64.so.2")
+    assert paths_that_decide(loader) == [ld_so, str(script), *lookup_folders(str(script))]
+    assert "" in paths_that_decide(exec_of(Path("/lib64/ld-linux-x86-64.so.2"), "no-such"))
+    assert paths_that_decide(exec_of(Path("/usr/bin/true"))) == [os.path.realpath("/usr/bin/true")]

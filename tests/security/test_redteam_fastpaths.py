@@ -26,8 +26,6 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from .test_standing_claims import escalations, folders, run_session
 
 CLAIMER = Path(__file__).with_name("redteam_claim.py")
@@ -205,19 +203,6 @@ echo alive
     assert not witness.exists(), (stdout, stderr, log)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="An escalated program runs outside the sandbox, and so do its own execs that no rule "
-    "names (an escalated token's `escalate` is answered `run`, protocol §3): whatever file the "
-    "sandbox wrote, once an escalated program starts it, runs unconfined. Cleaning the caller's "
-    "PATH (cleanenv.py) closes the easy way in, but not a folder the sandbox can write on the "
-    "session's own PATH (a project's `.venv/bin` or `node_modules/.bin` when the user's shell "
-    "has it first; a writable root's `bin`), nor config in a writable working directory. The "
-    "fix belongs in the server's judgement of escalated tokens: an exec asked with the "
-    "escalated token of a file on a mount the sandbox can write (through the session's "
-    "sandbox view, as gate/gitrepo.py looks) must run confined (authorize-confined) or be "
-    "denied, not run in place; standing claims inherit it from the same judgement.",
-)
 def test_an_escalated_programs_child_written_by_the_sandbox_does_not_run_outside(
     place: tuple[Any, Path],
 ) -> None:
@@ -240,3 +225,49 @@ echo alive
     assert "alive" in stdout, (stdout, stderr)
     assert escalations(log, command) == [False], log
     assert not witness.exists(), (stdout, stderr, log)
+    inside = [line for line in log if f"{ws}/bin/gzip is where the sandbox can write" in line]
+    assert inside, log
+
+
+def test_what_an_escalated_program_starts_from_where_the_sandbox_writes_runs_inside(
+    place: tuple[Any, Path],
+) -> None:
+    """Programs (binaries too, which would not ask by the policy's snapshot alone), the
+    dynamic loader's target and a script reached through a link the sandbox can re-point,
+    started by an escalated program: each runs inside the sandbox (it cannot write outside),
+    while a system program started the same way still runs outside, and so does a file of
+    the workspace that a rule names by its path."""
+    user, base = place
+    ws, out = folders(base)
+    (ws / "bin").mkdir()
+    (out / "tool.sh").write_text('#!/bin/sh\nmkdir "$@"\n')  # a script the sandbox cannot change
+    (out / "tool.sh").chmod(0o755)
+    rules = f"""prefix_rule(["env"], "allow")
+prefix_rule(["{ws}/bin/named"], "allow")
+"""
+    loader = "/lib64/ld-linux-x86-64.so.2"
+    script = f"""
+cp /usr/bin/mkdir {ws}/bin/mk && cp /usr/bin/touch {ws}/bin/named  # (sizes no rule names)
+ln -s /usr/bin/mkdir {ws}/bin/link && ln -s {out}/tool.sh {ws}/bin/tool
+printf '#!/bin/sh\nmkdir "$@"\n' > {ws}/mk.sh && chmod +x {ws}/mk.sh
+env {ws}/bin/mk {out}/binary; echo binary=$?
+env {loader} {ws}/bin/mk {out}/loaded; echo loaded=$?
+env {ws}/bin/link {out}/linked; echo linked=$?
+env {ws}/mk.sh {out}/script; echo script=$?
+env {ws}/bin/tool {out}/relinked; echo relinked=$?
+env /usr/bin/mkdir {out}/system; echo system=$?
+env {ws}/bin/named {out}/named; echo named=$?
+echo alive
+"""
+    stdout, stderr, log = run_session(user, base, rules, script)
+    assert "alive" in stdout, (stdout, stderr)
+    # (a script's interpreter reads it by the name it was run by: through a link the sandbox
+    # could re-point after the judgement)
+    for inside in ("binary", "loaded", "script", "relinked"):
+        assert not (out / inside).exists(), (inside, stdout, stderr, log)
+        assert f"{inside}=0" not in stdout, (inside, stdout)
+    # A link the sandbox made to a system program: the program is the system's, and the
+    # kernel runs the descriptor that was judged (a re-pointed link changes nothing).
+    for outside in ("linked", "system", "named"):
+        assert (out / outside).exists(), (outside, stdout, stderr, log)
+    assert len([line for line in log if "is where the sandbox can write" in line]) == 4, log

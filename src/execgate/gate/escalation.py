@@ -313,12 +313,19 @@ class PolicyEscalation:
         # Outside the sandbox already (or no sandbox): running in place is escalation enough.
         if not confined:
             return Action(Verdict.RUN, leaving, judgement=judgement, granted=granted)
+        why_not = self.why_not_outside(exec_, judgement)
+        verdict = Verdict.RUN if why_not else Verdict.ESCALATE
+        return Action(verdict, why_not or leaving, judgement=judgement, granted=granted)
+
+    def why_not_outside(self, exec_: GatedExec, judgement: Judgement) -> str:
+        """Why this judgement may not let a file the sandbox could have made run outside it
+        ("" if it may: a deciding rule names the very file, :func:`names_file_that_runs`)."""
+        if judgement.decision not in (Decision.ALLOW, Decision.PROMPT):
+            return "not escalated: no rule names the file that runs"
         policy = self._policy()
         if policy is not self._named_policy:
             self._named, self._named_policy = {}, policy
-        why_not = names_file_that_runs(policy, exec_, judgement, self._named)
-        verdict = Verdict.RUN if why_not else Verdict.ESCALATE
-        return Action(verdict, why_not or leaving, judgement=judgement, granted=granted)
+        return names_file_that_runs(policy, exec_, judgement, self._named)
 
     def decide(self, exec_: GatedExec, *, confined: bool) -> Action:
         """The action for ``exec_``. The alias table and content index are read as they are

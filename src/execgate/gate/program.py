@@ -340,6 +340,69 @@ def commands_to_judge(
     return commands
 
 
+def lookup_folders(path: str, *, max_links: int = 40) -> list[str]:
+    """The canonical folders a lookup of the absolute ``path`` reads an entry of, each symlink
+    followed as the kernel would: whoever can change an entry in one of them can make
+    ``path`` name another file. A missing component ends the walk; so does ``/proc``, listed
+    as "" (unknown): its names (``self``, ``fd/N``, ``cwd``) are the looking process's own,
+    which only that process resolves (``/dev/fd/N`` leads there too)."""
+    folders: dict[str, None] = {}
+    current, parts, links = "/", [p for p in path.split("/") if p], 0
+    while parts:
+        part = parts.pop(0)
+        if part in (".", ".."):
+            current = posixpath.dirname(current) if part == ".." else current
+            continue
+        if current == "/proc":
+            folders[""] = None
+            break
+        folders[current] = None
+        entry = posixpath.join(current, part)
+        try:
+            target = os.readlink(entry)
+        except OSError:  # not a link (or not there: nothing further is looked up)
+            current = entry
+            if not os.path.lexists(entry):
+                break
+            continue
+        links += 1
+        if links > max_links:  # the kernel gives up (ELOOP): nothing runs from there
+            break
+        parts[:0] = [p for p in target.split("/") if p]
+        current = "/" if target.startswith("/") else current
+    return list(folders)
+
+
+def _leads_to(path: str, dev: int, ino: int) -> bool:
+    try:
+        st = os.stat(path) if path.startswith("/") else None
+    except (OSError, ValueError):
+        return False
+    return st is not None and (st.st_dev, st.st_ino) == (dev, ino)
+
+
+def paths_that_decide(exec_: GatedExec) -> list[str]:
+    """The canonical paths whose writer decides what ``exec_`` runs ("" for a file whose
+    path is unknown, or no longer leads to it: a memfd, a deleted file): the program's file
+    and each interpreter's, and the folders looked in to find what is opened by name after
+    the judgement (the script, which its interpreter reads by the name it was run by; the
+    dynamic loader's target)."""
+    files = [(exec_.realpath, exec_.dev, exec_.ino)]
+    files += [(i.file.realpath, i.file.dev, i.file.ino) for i in exec_.interpreters]
+    decided = [real if _leads_to(real, dev, ino) else "" for real, dev, ino in files]
+    if exec_.interpreters:
+        decided += lookup_folders(exec_.path)
+    if exec_.runs_loader:
+        target = _loader_target(exec_.argv)
+        if target is not None:
+            resolved = _resolve(target[0], exec_.cwd, "/usr/local/bin:/usr/bin:/bin")
+            if resolved.startswith("/"):
+                decided += [os.path.realpath(resolved), *lookup_folders(resolved)]
+            else:
+                decided.append("")  # not found here: the loader may find it elsewhere
+    return decided
+
+
 def loader_loads_an_auditor(exec_: GatedExec) -> bool:
     """Whether this exec runs the dynamic loader with ``--audit``: an audit library can skip
     the interposer (``la_objsearch``) in the program the loader then runs."""

@@ -66,10 +66,10 @@ from execgate.gate.launcher import (
     authorization,
 )
 from execgate.gate.livepolicy import LivePolicy
-from execgate.gate.program import GatedExec, runs_file, vouched
+from execgate.gate.program import GatedExec, paths_that_decide, runs_file, vouched
 from execgate.gate.protocol import Authorization, EnvRules, ExecRequest, ProtocolError, Stood
 from execgate.gate.server import GateServer, Peer, Reply
-from execgate.gate.snapshot import SealedSnapshot
+from execgate.gate.snapshot import SealedSnapshot, with_ask_folders
 from execgate.gate.standing import STANDING_VIA, Granted, Standing
 from execgate.gate.standins import StandIns
 from execgate.handoff import give_way
@@ -356,6 +356,23 @@ def _in_place_from_writable_repository(
     )
 
 
+def _writable_folders(sandbox: SandboxSpec | None) -> tuple[str, ...]:
+    """The canonical folders a confined process of ``sandbox`` can write in (none: a
+    sandbox that writes nowhere, or none)."""
+    if sandbox is None or sandbox.mode != "workspace-write":
+        return ()
+    return tuple(dict.fromkeys(os.path.realpath(root) for root in sandbox.writable_roots))
+
+
+def _written_by_the_sandbox(exec_: GatedExec, sandbox: SandboxSpec) -> str | None:
+    """The first path deciding what ``exec_`` runs that a confined process could have made or
+    re-pointed ("" for a file whose path is unknown), or None."""
+    for path in paths_that_decide(exec_):
+        if not path or sandbox.allows_write(Path(path)):
+            return path
+    return None
+
+
 @dataclass(frozen=True)
 class SessionConfig:
     r"""How a session is opened: one value, passed once. Two sessions opened with equal
@@ -490,6 +507,15 @@ class EscalationSession:
         else:
             write_atomically(self.snapshot_path, live.snapshot, mode=0o444)
             self.sealed_snapshot = None if self.confined else SealedSnapshot(live.snapshot)
+        # Escalated programs run outside, where the session's file is writable by nobody but
+        # also tells them nothing of the sandbox: theirs adds the folders the sandbox can
+        # write, so that a program found there is judged (_confined_if_sandbox_wrote).
+        self._ask_folders = _writable_folders(sandbox) if self.gate_escalated else ()
+        self.escalated_snapshot = (
+            SealedSnapshot(with_ask_folders(live.snapshot, self._ask_folders))
+            if self._ask_folders
+            else None
+        )
         self._unsubscribe = live.subscribe(self.publish_snapshot)
         self.interposer = native.native_path(native.INTERPOSER)
         self.wrapper = native.native_path(native.WRAPPER)
@@ -662,13 +688,15 @@ class EscalationSession:
     def gate_env(self, *, escalated: bool = False) -> dict[str, str]:
         """The variables every gated process carries (protocol §1)."""
         wrapper = os.fspath(self.wrapper)
+        snapshot = self.escalated_snapshot if escalated else None
+        snapshot = snapshot or self.sealed_snapshot
         return {
             "EXECGATE_SOCKET": os.fspath(self.socket_path),
             "EXECGATE_TOKEN": self.escalated_token if escalated else self.token,
             "EXECGATE_WRAPPER": wrapper,
             "EXEC_WRAPPER": wrapper,
             "BASH_EXEC_WRAPPER": wrapper,
-            **({"EXECGATE_SNAPSHOT": self.sealed_snapshot.path} if self.sealed_snapshot else {}),
+            **({"EXECGATE_SNAPSHOT": snapshot.path} if snapshot else {}),
         }
 
     def _with_preload(self, value: str | None) -> str:
@@ -741,6 +769,8 @@ class EscalationSession:
         write_atomically(self.snapshot_path, snapshot, mode=0o444)
         if self.sealed_snapshot is not None:
             self.sealed_snapshot.publish(snapshot)
+        if self.escalated_snapshot is not None:
+            self.escalated_snapshot.publish(with_ask_folders(snapshot, self._ask_folders))
 
     # -- the main program ----------------------------------------------------------------
 
@@ -989,8 +1019,9 @@ class EscalationSession:
             )
         decided = action
         action = _in_place_from_writable_repository(exec_, action, confined, self.sandbox)
+        action, inside = self._inside_if_the_sandbox_wrote(exec_, action, confined)
         self._record(exec_, action)
-        answer = self._encode(exec_, request, fds[-1], action, standin=standin)
+        answer = self._encode(exec_, request, fds[-1], action, standin=standin or inside)
         if (
             action is decided
             and action.verdict == Verdict.ESCALATE
@@ -1002,6 +1033,25 @@ class EscalationSession:
         ):
             self._stand(exec_, request, program, fds[-1], action, through)
         return answer
+
+    def _inside_if_the_sandbox_wrote(
+        self, exec_: GatedExec, action: Action, confined: bool
+    ) -> tuple[Action, bool]:
+        """An escalated program runs outside, and so does what it starts in place: unless
+        the sandbox could have made (or re-pointed) a file that would run, which then runs
+        inside the sandbox (True: the launcher runs it confined), as the sandbox's own exec of
+        it would. A rule that names that very file still lets it run outside."""
+        if confined or not self.confined or action.verdict != Verdict.RUN:
+            return action, False
+        assert self.sandbox is not None
+        written = _written_by_the_sandbox(exec_, self.sandbox)
+        if written is None:
+            return action, False
+        judgement = action.judgement
+        if judgement is not None and not self.escalation.why_not_outside(exec_, judgement):
+            return action, False
+        where = f"{written} is where the sandbox can write" if written else "its file is unknown"
+        return replace(action, reason=f"run inside the sandbox: {where}"), True
 
     def _stand(
         self,
@@ -1104,8 +1154,9 @@ class EscalationSession:
     ) -> bytes:
         action, answer_given = await self._ask(approval, confined=confined)
         action = _in_place_from_writable_repository(exec_, action, confined, self.sandbox)
+        action, inside = self._inside_if_the_sandbox_wrote(exec_, action, confined)
         self._record(exec_, action, (approval, answer_given))
-        answer = self._encode(exec_, request, runs, action, standin=standin)
+        answer = self._encode(exec_, request, runs, action, standin=standin or inside)
         return answer if isinstance(answer, bytes) else await answer
 
     async def _ask(self, request: ApprovalRequest, *, confined: bool) -> tuple[Action, Approval]:
@@ -1236,6 +1287,8 @@ class EscalationSession:
         self.flush_records()
         if self.sealed_snapshot is not None:
             self.sealed_snapshot.close()
+        if self.escalated_snapshot is not None:
+            self.escalated_snapshot.close()
         shutil.rmtree(self.dir, ignore_errors=True)
         self.closed.set()
         self.release()

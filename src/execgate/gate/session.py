@@ -507,9 +507,8 @@ class EscalationSession:
         else:
             write_atomically(self.snapshot_path, live.snapshot, mode=0o444)
             self.sealed_snapshot = None if self.confined else SealedSnapshot(live.snapshot)
-        # Escalated programs run outside, where the session's file is writable by nobody but
-        # also tells them nothing of the sandbox: theirs adds the folders the sandbox can
-        # write, so that a program found there is judged (_confined_if_sandbox_wrote).
+        # Escalated programs run outside the sandbox: their snapshot also lists the folders
+        # it can write, so that a program found there asks (_inside_if_the_sandbox_wrote).
         self._ask_folders = _writable_folders(sandbox) if self.gate_escalated else ()
         self.escalated_snapshot = (
             SealedSnapshot(with_ask_folders(live.snapshot, self._ask_folders))
@@ -688,8 +687,7 @@ class EscalationSession:
     def gate_env(self, *, escalated: bool = False) -> dict[str, str]:
         """The variables every gated process carries (protocol §1)."""
         wrapper = os.fspath(self.wrapper)
-        snapshot = self.escalated_snapshot if escalated else None
-        snapshot = snapshot or self.sealed_snapshot
+        snapshot = (self.escalated_snapshot if escalated else None) or self.sealed_snapshot
         return {
             "EXECGATE_SOCKET": os.fspath(self.socket_path),
             "EXECGATE_TOKEN": self.escalated_token if escalated else self.token,

@@ -158,6 +158,11 @@ def test_allows_write_and_gate_paths(tmp_path: Path) -> None:
     assert not build_spec("read-only", cwd=tmp_path).allows_write(tmp_path)
     assert OFF.allows_write(Path("/etc/passwd"))
     assert "network off" in spec.describe() and OFF.describe().startswith("off")
+    root = str(real(tmp_path))
+    assert (
+        spec.first_writable(["/usr/bin", f"{root}/.git", f"{root}/bin/x", root]) == f"{root}/bin/x"
+    )
+    assert spec.first_writable(["/usr/bin", f"{root}/.git/hooks"]) is None
 
 
 def test_path_under_is_lexical_containment() -> None:

@@ -374,11 +374,13 @@ def lookup_folders(path: str, *, max_links: int = 40) -> list[str]:
 
 
 def _leads_to(path: str, dev: int, ino: int) -> bool:
+    if not path.startswith("/"):
+        return False
     try:
-        st = os.stat(path) if path.startswith("/") else None
+        st = os.stat(path)
     except (OSError, ValueError):
         return False
-    return st is not None and (st.st_dev, st.st_ino) == (dev, ino)
+    return (st.st_dev, st.st_ino) == (dev, ino)
 
 
 def paths_that_decide(exec_: GatedExec) -> list[str]:

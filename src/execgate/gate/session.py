@@ -365,12 +365,10 @@ def _writable_folders(sandbox: SandboxSpec | None) -> tuple[str, ...]:
 
 
 def _written_by_the_sandbox(exec_: GatedExec, sandbox: SandboxSpec) -> str | None:
-    """The first path deciding what ``exec_`` runs that a confined process could have made or
+    """A path deciding what ``exec_`` runs that a confined process could have made or
     re-pointed ("" for a file whose path is unknown), or None."""
-    for path in paths_that_decide(exec_):
-        if not path or sandbox.allows_write(Path(path)):
-            return path
-    return None
+    paths = paths_that_decide(exec_)
+    return "" if "" in paths else sandbox.first_writable(paths)
 
 
 @dataclass(frozen=True)
@@ -508,7 +506,7 @@ class EscalationSession:
             write_atomically(self.snapshot_path, live.snapshot, mode=0o444)
             self.sealed_snapshot = None if self.confined else SealedSnapshot(live.snapshot)
         # Escalated programs run outside the sandbox: their snapshot also lists the folders
-        # it can write, so that a program found there asks (_inside_if_the_sandbox_wrote).
+        # it can write, so that a program found there asks (_where_it_runs).
         self._ask_folders = _writable_folders(sandbox) if self.gate_escalated else ()
         self.escalated_snapshot = (
             SealedSnapshot(with_ask_folders(live.snapshot, self._ask_folders))
@@ -1016,8 +1014,7 @@ class EscalationSession:
                 exec_, request, fds[-1], action.approval, confined, standin=standin
             )
         decided = action
-        action = _in_place_from_writable_repository(exec_, action, confined, self.sandbox)
-        action, inside = self._inside_if_the_sandbox_wrote(exec_, action, confined)
+        action, inside = self._where_it_runs(exec_, action, confined)
         self._record(exec_, action)
         answer = self._encode(exec_, request, fds[-1], action, standin=standin or inside)
         if (
@@ -1032,13 +1029,16 @@ class EscalationSession:
             self._stand(exec_, request, program, fds[-1], action, through)
         return answer
 
-    def _inside_if_the_sandbox_wrote(
+    def _where_it_runs(
         self, exec_: GatedExec, action: Action, confined: bool
     ) -> tuple[Action, bool]:
-        """An escalated program runs outside, and so does what it starts in place: unless
-        the sandbox could have made (or re-pointed) a file that would run, which then runs
-        inside the sandbox (True: the launcher runs it confined), as the sandbox's own exec of
-        it would. A rule that names that very file still lets it run outside."""
+        """The decided action as this session carries it out (True: the launcher runs it
+        inside the sandbox). An escalation that would start in a repository the sandbox can
+        write runs in place instead (_in_place_from_writable_repository). An escalated
+        program runs outside, and so does what it starts in place: unless the sandbox could
+        have made (or re-pointed) a file that would run, which then runs inside the sandbox,
+        as the sandbox's own exec of it would. A rule naming that very file still lets it out."""
+        action = _in_place_from_writable_repository(exec_, action, confined, self.sandbox)
         if confined or not self.confined or action.verdict != Verdict.RUN:
             return action, False
         assert self.sandbox is not None
@@ -1151,8 +1151,7 @@ class EscalationSession:
         standin: bool,
     ) -> bytes:
         action, answer_given = await self._ask(approval, confined=confined)
-        action = _in_place_from_writable_repository(exec_, action, confined, self.sandbox)
-        action, inside = self._inside_if_the_sandbox_wrote(exec_, action, confined)
+        action, inside = self._where_it_runs(exec_, action, confined)
         self._record(exec_, action, (approval, answer_given))
         answer = self._encode(exec_, request, runs, action, standin=standin or inside)
         return answer if isinstance(answer, bytes) else await answer

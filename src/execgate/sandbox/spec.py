@@ -159,6 +159,11 @@ class SandboxSpec:
             return False
         return _WriteCheck(self).allows(Path(os.path.realpath(path)))
 
+    def first_writable(self, paths: Iterable[str]) -> str | None:
+        """The first of the canonical ``paths`` a confined process could write, or None."""
+        check = _WriteCheck(self)
+        return next((path for path in paths if check.allows(Path(path))), None)
+
     def carve_outs(self) -> list[Path]:
         """Existing paths the launcher will bind-mount read-only today (what needs a mount
         namespace): protected names and read-only paths that lie inside a writable root."""

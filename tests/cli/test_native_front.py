@@ -8,6 +8,8 @@ the server the front forked)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +25,7 @@ import pytest
 from cliharness import EXECGATE, World
 
 import execgate
+from execgate.cli.run import outlive_signals
 from execgate.gate import runplan
 
 SLOW = {"EXECGATE_FAST_START": "0"}
@@ -202,6 +205,55 @@ def test_sigterm_ends_the_session_and_nothing_outlives_it(warm: World) -> None:
     assert not folder_of(socket_path).exists()
     records = log_records(warm)
     assert records[-1]["ppid"] == process.pid  # it was the fast path
+
+
+def test_signals_at_the_server_as_its_session_ends_lose_no_record(warm: World) -> None:
+    """SIGTERMs at the server, one a millisecond from the moment its command ran `git`: the
+    first ends the session; none of the others may end the server before it wrote git's
+    record (a signal handler removed is the default action, death, until it is replaced)."""
+    for attempt in range(3):
+        pidfile = warm.work / f"server{attempt}"
+        script = (
+            "git --version >/dev/null && S=${EXECGATE_SNAPSHOT#/proc/}; "
+            f'echo "${{S%%/*}}" > {pidfile}; exec sleep 60'
+        )
+        process = start(warm, "dash", "-c", script)
+        server = int(wait_for(pidfile))
+        while process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(server, signal.SIGTERM)
+            time.sleep(0.0001)
+        assert process.wait() == -signal.SIGTERM
+        records = log_records(warm)
+        (session,) = {r["session"] for r in records if process.pid in (r["pid"], r["ppid"])}
+        programs = [r["program"] for r in records if r["session"] == session]
+        assert programs == ["/usr/bin/dash", "/usr/bin/git"], attempt
+
+
+def test_the_servers_last_steps_never_leave_a_signal_its_default_action(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The unit under the test above: the handlers are swapped for ones that do nothing,
+    never through SIG_DFL (one SIGTERM from the front there, on a loaded machine, ended the
+    server before it wrote its last records), and a SIGTERM then is outlived."""
+    ending = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
+    before = {signum: signal.getsignal(signum) for signum in ending}
+    loop = asyncio.new_event_loop()
+    try:
+        for signum in ending:
+            loop.add_signal_handler(signum, lambda: None)
+        set_to: list[object] = []
+        real = signal.signal
+        monkeypatch.setattr(signal, "signal", lambda s, h: (set_to.append(h), real(s, h))[1])
+        outlive_signals(loop)
+        assert signal.SIG_DFL not in set_to and signal.default_int_handler not in set_to
+        os.kill(os.getpid(), signal.SIGTERM)
+        loop.run_until_complete(asyncio.sleep(0.01))  # (we are still here)
+    finally:
+        monkeypatch.undo()
+        loop.close()
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def test_ctrl_c_is_the_commands(warm: World) -> None:

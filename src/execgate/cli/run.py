@@ -256,15 +256,20 @@ async def _serve_adopted(
         async with reloader.watching():
             return await ending.wait(await main)
     finally:
-        # The front stops us with SIGTERM once the command is done: from here on we end by
-        # ourselves (a signal while the event loop closes would find its wake-up pipe gone).
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
-            loop.remove_signal_handler(signum)
-            signal.signal(signum, signal.SIG_IGN)
+        outlive_signals(asyncio.get_running_loop())
         await session.aclose()
         if caller.decisions is not None:
             caller.decisions.close()
+
+
+def outlive_signals(loop: asyncio.AbstractEventLoop) -> None:
+    """From here on the server of a native start ends by itself, once its records are
+    written: the front's SIGTERM (sent once the command is done), a SIGHUP or a Ctrl-C no
+    longer end it. The handlers are replaced, not removed: a removed one is the signal's
+    default action (death, the last records lost) until the next call replaces it. The
+    loop's close removes them, after the records were written."""
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+        loop.add_signal_handler(signum, lambda: None)
 
 
 #: The server's exit status when it ended a native start's session for a stale plan (the

@@ -256,19 +256,28 @@ async def _serve_adopted(
         async with reloader.watching():
             return await ending.wait(await main)
     finally:
-        outlive_signals(asyncio.get_running_loop())
-        await session.aclose()
-        if caller.decisions is not None:
-            caller.decisions.close()
+        loop = asyncio.get_running_loop()
+        outlive_signals(loop)
+        try:
+            await session.aclose()
+            if caller.decisions is not None:
+                caller.decisions.close()
+        finally:
+            for signum in ENDING_SIGNALS:  # (else the loop's close makes them the defaults)
+                loop.remove_signal_handler(signum)
+                signal.signal(signum, signal.SIG_IGN)
+
+
+#: What the server of a native start outlives once its command is done.
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
 
 
 def outlive_signals(loop: asyncio.AbstractEventLoop) -> None:
     """From here on the server of a native start ends by itself, once its records are
     written: the front's SIGTERM (sent once the command is done), a SIGHUP or a Ctrl-C no
     longer end it. The handlers are replaced, not removed: a removed one is the signal's
-    default action (death, the last records lost) until the next call replaces it. The
-    loop's close removes them, after the records were written."""
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+    default action (death, the last records lost) until the next call replaces it."""
+    for signum in ENDING_SIGNALS:
         loop.add_signal_handler(signum, lambda: None)
 
 

@@ -291,12 +291,16 @@ def _loader_target_names(
         os.close(fd)
 
 
+#: Where a bare program name is looked up when the caller names no search path.
+DEFAULT_SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
 def commands_to_judge(
     exec_: GatedExec,
     *,
     aliases: Mapping[FileId, tuple[str, ...]] = {},
     contents: ContentIndex = NO_CONTENTS,
-    search_path: str = "/usr/local/bin:/usr/bin:/bin",
+    search_path: str = DEFAULT_SEARCH_PATH,
 ) -> list[Judged]:
     """Every command whose policy decision applies to this exec, most literal first.
 
@@ -383,12 +387,12 @@ def _leads_to(path: str, dev: int, ino: int) -> bool:
     return (st.st_dev, st.st_ino) == (dev, ino)
 
 
-def paths_that_decide(exec_: GatedExec) -> list[str]:
+def paths_that_decide(exec_: GatedExec, *, search_path: str = DEFAULT_SEARCH_PATH) -> list[str]:
     """The canonical paths whose writer decides what ``exec_`` runs ("" for a file whose
     path is unknown, or no longer leads to it: a memfd, a deleted file): the program's file
     and each interpreter's, and the folders looked in to find what is opened by name after
     the judgement (the script, which its interpreter reads by the name it was run by; the
-    dynamic loader's target)."""
+    dynamic loader's target, found as :func:`commands_to_judge` found it on ``search_path``)."""
     files = [(exec_.realpath, exec_.dev, exec_.ino)]
     files += [(i.file.realpath, i.file.dev, i.file.ino) for i in exec_.interpreters]
     decided = [real if _leads_to(real, dev, ino) else "" for real, dev, ino in files]
@@ -397,7 +401,7 @@ def paths_that_decide(exec_: GatedExec) -> list[str]:
     if exec_.runs_loader:
         target = _loader_target(exec_.argv)
         if target is not None:
-            resolved = _resolve(target[0], exec_.cwd, "/usr/local/bin:/usr/bin:/bin")
+            resolved = _resolve(target[0], exec_.cwd, search_path)
             if resolved.startswith("/"):
                 decided += [os.path.realpath(resolved), *lookup_folders(resolved)]
             else:

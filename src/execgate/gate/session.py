@@ -364,10 +364,11 @@ def _writable_folders(sandbox: SandboxSpec | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(os.path.realpath(root) for root in sandbox.writable_roots))
 
 
-def _written_by_the_sandbox(exec_: GatedExec, sandbox: SandboxSpec) -> str | None:
+def _written_by_the_sandbox(exec_: GatedExec, sandbox: SandboxSpec, search_path: str) -> str | None:
     """A path deciding what ``exec_`` runs that a confined process could have made or
-    re-pointed ("" for a file whose path is unknown), or None."""
-    paths = paths_that_decide(exec_)
+    re-pointed ("" for a file whose path is unknown), or None (``search_path``: the one the
+    exec was judged with)."""
+    paths = paths_that_decide(exec_, search_path=search_path)
     return "" if "" in paths else sandbox.first_writable(paths)
 
 
@@ -1042,7 +1043,7 @@ class EscalationSession:
         if confined or not self.confined or action.verdict != Verdict.RUN:
             return action, False
         assert self.sandbox is not None
-        written = _written_by_the_sandbox(exec_, self.sandbox)
+        written = _written_by_the_sandbox(exec_, self.sandbox, self.live.search_path)
         if written is None:
             return action, False
         judgement = action.judgement

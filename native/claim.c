@@ -7,7 +7,10 @@
  * ends the way the escalated program ended.
  *
  * Async-signal-safe: no malloc, no stdio, no locks (the interposer may be running in a signal
- * handler, or in a child of a multi-threaded process whose locks were copied held).
+ * handler, or in a child of a multi-threaded process whose locks were copied held). The path
+ * of a claim that succeeds makes raw system calls only (sys.h): it runs in a child that was
+ * just forked, where the first call of each libc function would be bound by the loader, in
+ * that child again every time (its parent never calls them), at a few page faults each.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,10 +25,7 @@
 
 #include "common.h"
 #include "gate.h"
-
-#ifndef SYS_close_range
-#define SYS_close_range 436
-#endif
+#include "sys.h"
 
 static const int forwarded[] = {SIGHUP,  SIGINT,  SIGQUIT, SIGTERM, SIGUSR1,
                                 SIGUSR2, SIGALRM, SIGWINCH, SIGCONT};
@@ -115,7 +115,7 @@ __attribute__((noreturn)) static void deny(int errfd, char *const *cmd, const ch
     }
     if (errfd >= 0)
         eg_deny_line_fd(errfd, known ? cmd : NULL, who, reason, detail);
-    _exit(126);
+    eg_sys_exit(126);
 }
 
 static int parse_fd(const char *s)
@@ -135,13 +135,13 @@ static int parse_fd(const char *s)
  * out; -1 when /proc is unavailable. Uses getdents64 directly: no malloc (vfork-safe). */
 static int list_fds(int *out)
 {
-    int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int dir = eg_sys_openat(AT_FDCWD, "/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dir < 0)
         return -1;
     int n = 0;
     char buf[4096];
     long k;
-    while ((k = syscall(SYS_getdents64, dir, buf, sizeof buf)) > 0) {
+    while ((k = EG_SC(SYS_getdents64, dir, buf, sizeof buf, 0, 0, 0)) > 0) {
         for (long off = 0; off < k;) {
             struct {
                 unsigned long long ino;
@@ -156,17 +156,33 @@ static int list_fds(int *out)
                 out[n++] = fd;
         }
     }
-    close(dir);
+    eg_sys_close(dir);
     return n;
 }
 
-/* The open descriptors, ascending, into out (MAX_SEEN); -1 when the descriptor table is larger
+/* Whether fd is open and not close-on-exec: an exec would have left it to the program. */
+static int inherited(int fd)
+{
+    int fl = eg_sys_fcntl(fd, F_GETFD, 0);
+    return fl >= 0 && !(fl & FD_CLOEXEC);
+}
+
+/* Appends fd to out (at most max of them; *dropped counts the others). */
+static void add_fd(int fd, int *out, int max, int *n, int *dropped)
+{
+    if (*n < max)
+        out[(*n)++] = fd;
+    else
+        (*dropped)++;
+}
+
+/* The inherited descriptors, ascending, as collect_fds; -1 when the descriptor table is larger
  * than MAX_TABLE. Without /proc, whose listing costs a fresh process ~30 µs: the table's size
  * bounds every open number, and select() tells whether a number is below it (it cuts its count
  * down to the table's size, then fails with EBADF on a closed number under that count); then
  * fcntl asks each number below it, ~70 ns a number (poll, which asks them all in one call,
  * reports O_PATH descriptors as closed). */
-static int table_fds(int *out)
+static int table_fds(int *out, int max, int *dropped)
 {
     enum { WORD = 8 * sizeof(unsigned long), MAX_TABLE = 256 };
     unsigned long bits[MAX_TABLE / WORD + 1];
@@ -177,18 +193,40 @@ static int table_fds(int *out)
         memset(bits, 0, sizeof bits);
         bits[size / WORD] = 1UL << (size % WORD);
         struct timespec zero = {0, 0};
-        long r = syscall(SYS_pselect6, size + 1, bits, NULL, NULL, &zero, NULL);
-        if (r < 0 && errno != EBADF)
+        long r = EG_SC(SYS_pselect6, size + 1, bits, NULL, NULL, &zero, NULL);
+        if (r < 0 && r != -EBADF)
             return -1;
-        if (r < 0 || fcntl(size, F_GETFD) >= 0)
+        if (r < 0 || eg_sys_fcntl(size, F_GETFD, 0) >= 0)
             size *= 2; /* below the table's size (closed, or open) */
         else
             break; /* at or above it: every open number is below size */
     }
     int n = 0;
     for (int fd = 0; fd < size; fd++)
-        if (fcntl(fd, F_GETFD) >= 0)
-            out[n++] = fd;
+        if (inherited(fd))
+            add_fd(fd, out, max, &n, dropped);
+    return n;
+}
+
+/* collect_fds from what /proc lists, or from the low numbers without /proc. Apart: its list
+ * is a page of the stack, which the usual path never touches. */
+__attribute__((noinline)) static int listed_fds(int *out, int max, int *dropped)
+{
+    int listed[MAX_SEEN];
+    int seen = list_fds(listed);
+    if (seen < 0) /* no /proc: probe the low numbers */
+        for (seen = 0; seen < MAX_SEEN; seen++)
+            listed[seen] = seen;
+    for (int i = 1; i < seen; i++) /* ascending */
+        for (int j = i; j > 0 && listed[j - 1] > listed[j]; j--) {
+            int t = listed[j];
+            listed[j] = listed[j - 1];
+            listed[j - 1] = t;
+        }
+    int n = 0;
+    for (int i = 0; i < seen; i++)
+        if (inherited(listed[i]))
+            add_fd(listed[i], out, max, &n, dropped);
     return n;
 }
 
@@ -197,28 +235,10 @@ static int table_fds(int *out)
 static int collect_fds(int *out, int max, int *dropped)
 {
     *dropped = 0;
-    int listed[MAX_SEEN];
-    int seen = table_fds(listed);
-    if (seen < 0)
-        seen = list_fds(listed);
-    if (seen < 0) /* no /proc: probe the low numbers */
-        for (seen = 0; seen < MAX_SEEN; seen++)
-            listed[seen] = seen;
-    int n = 0;
-    for (int i = 0; i < seen; i++) {
-        int fl = fcntl(listed[i], F_GETFD);
-        if (fl >= 0 && !(fl & FD_CLOEXEC))
-            out[n++] = listed[i];
-    }
-    for (int i = 1; i < n; i++) /* ascending */
-        for (int j = i; j > 0 && out[j - 1] > out[j]; j--) {
-            int t = out[j];
-            out[j] = out[j - 1];
-            out[j - 1] = t;
-        }
-    if (n > max) {
-        *dropped = n - max;
-        n = max;
+    int n = table_fds(out, max, dropped);
+    if (n < 0) {
+        *dropped = 0;
+        n = listed_fds(out, max, dropped);
     }
     return n;
 }
@@ -235,17 +255,17 @@ static void close_all_but(int keep1, int keep2)
         if (keep[i] < 0)
             continue;
         if ((unsigned)keep[i] > next)
-            ok = syscall(SYS_close_range, next, (unsigned)keep[i] - 1, 0) == 0;
+            ok = eg_sys_close_range(next, (unsigned)keep[i] - 1, 0) == 0;
         next = (unsigned)keep[i] + 1;
     }
-    if (ok && syscall(SYS_close_range, next, ~0U, 0) == 0)
+    if (ok && eg_sys_close_range(next, ~0U, 0) == 0)
         return;
     /* no close_range (Linux < 5.9): every descriptor /proc lists */
     int listed[MAX_SEEN];
     int n = list_fds(listed);
     for (int i = 0; i < n; i++)
         if (listed[i] != keep1 && listed[i] != keep2)
-            close(listed[i]);
+            eg_sys_close(listed[i]);
 }
 
 __attribute__((noreturn)) static void die_by_signal(int sig)
@@ -312,11 +332,11 @@ void eg_claim(const char *ticket, char *const *envp, char *const *cmd, int in_pr
     int errfd = 2;
     if (!eg_sess.ok) {
         eg_deny_line(cmd, "execgate-claim", "no execgate session: ", eg_sess.reason);
-        _exit(126);
+        eg_sys_exit(126);
     }
     if (!eg_sess.claim[0])
         deny(errfd, cmd, ticket, "the session's claim socket path is too long", 0);
-    int fds[MAX_SEEN];
+    int fds[EG_MAX_FDS];
     int dropped;
     int nfds = collect_fds(fds, EG_MAX_FDS, &dropped);
     if (dropped) {
@@ -339,11 +359,8 @@ void eg_claim(const char *ticket, char *const *envp, char *const *cmd, int in_pr
                   env_bytes(envp, &envc);
     char small[16384] __attribute__((aligned(16)));
     void *mem = small;
-    if (size > sizeof small) {
-        mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (mem == MAP_FAILED)
-            deny(errfd, cmd, ticket, "out of memory", 0);
-    }
+    if (size > sizeof small && !(mem = eg_sys_map_anon(size)))
+        deny(errfd, cmd, ticket, "out of memory", 0);
     struct eg_buf b;
     eg_buf_init(&b, mem, size);
     eg_put(&b, EG_TAG);
@@ -361,7 +378,7 @@ void eg_claim(const char *ticket, char *const *envp, char *const *cmd, int in_pr
         deny(errfd, cmd, ticket, "execgate server unreachable", -sock);
     int r = eg_send_frame(sock, &b, fds, nfds);
     if (mem != small)
-        munmap(mem, size);
+        eg_sys_munmap(mem, size);
     if (r < 0)
         deny(errfd, cmd, ticket, "cannot send the claim to the execgate server", -r);
     await_program(sock, cmd, ticket, &waitmask);
@@ -371,12 +388,13 @@ void eg_claim(const char *ticket, char *const *envp, char *const *cmd, int in_pr
 static void block_forwarded(sigset_t *waitmask)
 {
     sigset_t block;
-    sigemptyset(&block);
+    eg_sigemptyset(&block);
     for (int i = 0; i < N_FORWARDED; i++)
-        sigaddset(&block, forwarded[i]);
-    sigprocmask(SIG_BLOCK, &block, waitmask);
+        eg_sigaddset(&block, forwarded[i]);
+    eg_sigemptyset(waitmask);
+    eg_sys_sigprocmask(SIG_BLOCK, &block, waitmask);
     for (int i = 0; i < N_FORWARDED; i++)
-        sigdelset(waitmask, forwarded[i]);
+        eg_sigdelset(waitmask, forwarded[i]);
 }
 
 /* Signals: forwarded while we wait, delivered only inside ppoll. A program that was
@@ -415,7 +433,9 @@ __attribute__((noreturn)) static void await_program(int sock, char *const *cmd,
     /* The program has its own copies now. Keep only the claim and a private stderr for our
      * messages, so that a reader of our stdout sees end-of-file when the program (not we)
      * closes it. */
-    int errfd = fcntl(2, F_DUPFD_CLOEXEC, 3);
+    int errfd = eg_sys_fcntl(2, F_DUPFD_CLOEXEC, 3);
+    if (errfd < 0)
+        errfd = -1;
     close_all_but(sock, errfd);
 
     for (;;) {
@@ -429,11 +449,11 @@ __attribute__((noreturn)) static void await_program(int sock, char *const *cmd,
             }
         }
         struct pollfd pfd = {.fd = sock, .events = POLLIN};
-        int k = ppoll(&pfd, 1, NULL, &waitmask);
+        int k = eg_sys_ppoll_masked(&pfd, 1, NULL, &waitmask);
         if (k < 0) {
-            if (errno == EINTR)
+            if (k == -EINTR)
                 continue;
-            deny(errfd, cmd, ticket, "waiting for the escalated program failed", errno);
+            deny(errfd, cmd, ticket, "waiting for the escalated program failed", -k);
         }
         if (k > 0)
             break;
@@ -446,12 +466,12 @@ __attribute__((noreturn)) static void await_program(int sock, char *const *cmd,
 __attribute__((noreturn)) static void end_as_program(int sock, int errfd, char *const *cmd,
                                                      const char *ticket)
 {
-    char ans[8192];
+    char ans[1024]; /* (a longer answer is read into fresh memory) */
     char *payload;
     void *map;
     size_t maplen;
     ssize_t len = eg_recv_frame_mm(sock, ans, sizeof ans, &payload, &map, &maplen);
-    close(sock);
+    eg_sys_close(sock);
     if (len == -ENODATA || len == -ECONNRESET)
         deny(errfd, cmd, ticket, "the execgate server closed the connection without an exit "
                                  "status", 0);
@@ -465,7 +485,7 @@ __attribute__((noreturn)) static void end_as_program(int sock, int errfd, char *
         if (strcmp(kind, "exit") == 0) {
             long long code;
             if (eg_next_long(&f, &code) == 0 && eg_fields_done(&f) && code >= 0 && code <= 255)
-                _exit((int)code);
+                eg_sys_exit((int)code);
         } else if (strcmp(kind, "signal") == 0) {
             long long sig;
             if (eg_next_long(&f, &sig) == 0 && eg_fields_done(&f) && sig > 0 && sig <= MAX_SIG)
@@ -480,7 +500,7 @@ __attribute__((noreturn)) static void end_as_program(int sock, int errfd, char *
                     eg_write_all(errfd, msg, n);
                     eg_write_all(errfd, "\n", 1);
                 }
-                _exit(code);
+                eg_sys_exit(code);
             }
         }
     }
@@ -492,7 +512,7 @@ void eg_claim_standing(const char *path, int prog, char *const *argv, char *cons
 {
     if (!eg_sess.ok || !eg_sess.claim[0] || prog < 0 || !argv || !argv[0])
         return;
-    int fds[MAX_SEEN + 1];
+    int fds[EG_MAX_FDS];
     int dropped;
     int nfds = collect_fds(fds, EG_MAX_FDS - 1, &dropped);
     if (dropped) /* the ticket's claim says so */
@@ -507,11 +527,8 @@ void eg_claim_standing(const char *path, int prog, char *const *argv, char *cons
         size += strlen(argv[argc]) + 1;
     char small[16384] __attribute__((aligned(16)));
     void *mem = small;
-    if (size > sizeof small) {
-        mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (mem == MAP_FAILED)
-            return;
-    }
+    if (size > sizeof small && !(mem = eg_sys_map_anon(size)))
+        return;
     struct eg_buf b;
     eg_buf_init(&b, mem, size);
     eg_put(&b, EG_TAG);
@@ -526,12 +543,13 @@ void eg_claim_standing(const char *path, int prog, char *const *argv, char *cons
     /* Blocked until the answer: a `go` takes them over as a claim does, a miss gives them
      * back as they were. */
     sigset_t waitmask, before;
-    sigprocmask(SIG_BLOCK, NULL, &before);
+    eg_sigemptyset(&before);
+    eg_sys_sigprocmask(SIG_BLOCK, NULL, &before);
     block_forwarded(&waitmask);
     int sock = eg_connect(eg_sess.claim);
     int r = sock < 0 ? sock : eg_send_frame(sock, &b, fds, nfds + 1);
     if (mem != small)
-        munmap(mem, size);
+        eg_sys_munmap(mem, size);
     char ans[256];
     char *payload = NULL;
     void *map = NULL;
@@ -540,7 +558,7 @@ void eg_claim_standing(const char *path, int prog, char *const *argv, char *cons
         r = eg_await_readable(sock);
     ssize_t len = r < 0 ? r : eg_recv_frame_mm(sock, ans, sizeof ans, &payload, &map, &maplen);
     if (map)
-        munmap(map, maplen);
+        eg_sys_munmap(map, maplen);
     if (len > 0 && payload[len - 1] == '\0') {
         struct eg_fields f;
         eg_fields_init(&f, payload, (size_t)len);
@@ -550,7 +568,8 @@ void eg_claim_standing(const char *path, int prog, char *const *argv, char *cons
             /* A short program may have ended already (the launcher can resume from its
              * vfork after that): nothing is left to take over, its end is the next frame. */
             struct pollfd now = {.fd = sock, .events = POLLIN};
-            if (poll(&now, 1, 0) == 1)
+            struct timespec zero = {0, 0};
+            if (eg_sys_ppoll_masked(&now, 1, &zero, NULL) == 1)
                 end_as_program(sock, 2, cmd, NULL);
             take_signals(1);
             await_program(sock, cmd, NULL, &waitmask);
@@ -562,7 +581,7 @@ void eg_claim_standing(const char *path, int prog, char *const *argv, char *cons
                 static const char missing[] = "No such file or directory";
                 eg_write_all(2, msg, n);
                 eg_write_all(2, "\n", 1);
-                _exit(memmem(msg, n, missing, sizeof missing - 1) ? 127 : 126);
+                eg_sys_exit(memmem(msg, n, missing, sizeof missing - 1) ? 127 : 126);
             }
         }
         if (!ours || strcmp(kind, "miss") || !eg_fields_done(&f))
@@ -573,6 +592,6 @@ void eg_claim_standing(const char *path, int prog, char *const *argv, char *cons
         deny(2, cmd, NULL, "malformed answer from the execgate server", 0);
     }
     if (sock >= 0)
-        close(sock);
-    sigprocmask(SIG_SETMASK, &before, NULL);
+        eg_sys_close(sock);
+    eg_sys_sigprocmask(SIG_SETMASK, &before, NULL);
 }

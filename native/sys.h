@@ -13,10 +13,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__x86_64__)
@@ -59,6 +62,13 @@ static inline long eg_syscall6(long n, long a, long b, long c, long d, long e, l
     return r;
 }
 #endif
+
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+
+/* Bytes of the kernel's signal set (_NSIG / 8 on x86-64 and AArch64). */
+#define EG_SIGSET_BYTES 8
 
 #define EG_SC(n, a, b, c, d, e, f)                                                            \
     eg_syscall6((n), (long)(a), (long)(b), (long)(c), (long)(d), (long)(e), (long)(f))
@@ -179,6 +189,56 @@ static inline ssize_t eg_sys_recvmsg(int fd, void *msg, int flags)
 static inline int eg_sys_ppoll(void *fds, unsigned long nfds)
 {
     return (int)EG_SC(SYS_ppoll, fds, nfds, 0, 0, 0, 0);
+}
+
+/* ppoll with a timeout (NULL: none) and the signal mask to wait with (NULL: the process's). */
+static inline int eg_sys_ppoll_masked(void *fds, unsigned long nfds, const struct timespec *timeout,
+                                      const sigset_t *mask)
+{
+    return (int)EG_SC(SYS_ppoll, fds, nfds, timeout, mask, mask ? EG_SIGSET_BYTES : 0, 0);
+}
+
+static inline int eg_sys_sigprocmask(int how, const sigset_t *set, sigset_t *old)
+{
+    return (int)EG_SC(SYS_rt_sigprocmask, how, set, old, EG_SIGSET_BYTES, 0, 0);
+}
+
+static inline int eg_sys_close_range(unsigned first, unsigned last, unsigned flags)
+{
+    return (int)EG_SC(SYS_close_range, first, last, flags, 0, 0, 0);
+}
+
+__attribute__((noreturn)) static inline void eg_sys_exit(int status)
+{
+    for (;;)
+        EG_SC(SYS_exit_group, status, 0, 0, 0, 0, 0);
+}
+
+/* The kernel's signal set: signals 1 to 64, the first EG_SIGSET_BYTES of a sigset_t (what
+ * rt_sigprocmask and ppoll read and write; libc's sigset_t is larger). Signal numbers must
+ * be in 1..64. */
+static inline uint64_t eg_sigset_word(const sigset_t *s)
+{
+    uint64_t w;
+    __builtin_memcpy(&w, s, sizeof w);
+    return w;
+}
+
+static inline void eg_sigset_put(sigset_t *s, uint64_t w) { __builtin_memcpy(s, &w, sizeof w); }
+
+static inline void eg_sigemptyset(sigset_t *s)
+{
+    __builtin_memset(s, 0, sizeof *s);
+}
+
+static inline void eg_sigaddset(sigset_t *s, int sig)
+{
+    eg_sigset_put(s, eg_sigset_word(s) | 1ULL << (sig - 1));
+}
+
+static inline void eg_sigdelset(sigset_t *s, int sig)
+{
+    eg_sigset_put(s, eg_sigset_word(s) & ~(1ULL << (sig - 1)));
 }
 
 static inline pid_t eg_sys_getpid(void) { return (pid_t)EG_SC(SYS_getpid, 0, 0, 0, 0, 0, 0); }

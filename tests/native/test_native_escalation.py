@@ -60,6 +60,34 @@ def test_the_claim_passes_exactly_the_inheritable_descriptors(gate: Gate, passed
     assert e.claim is not None and e.claim.fd_numbers == (0, 1, 2, passed)
 
 
+def test_a_claim_passes_the_lowest_descriptors_it_can_and_says_how_many_stay_behind(
+    gate: Gate,
+) -> None:
+    """More inheritable descriptors than a claim carries (253, docs/protocol.md §4): the lowest
+    ones go, ascending, and one line says how many stayed behind."""
+    esc_rule(gate)
+    marker(gate.bin, "esc", "exit 0")
+    code = textwrap.dedent(
+        """
+        import os
+        fd = os.open("/dev/null", os.O_RDONLY)
+        for n in range(3, 263):
+            os.dup2(fd, n)  # (dup2 to itself keeps close-on-exec)
+        os.set_inheritable(fd, True)
+        os.execvp("esc", ["esc"])
+        """
+    )
+    r = gate.run(["python3", "-c", code])
+    assert r.returncode == 0, r.stderr
+    (e,) = gate.server.escalations
+    assert e.claim is not None
+    passed = e.claim.fd_numbers
+    stdio = [n for n in passed if n < 3]  # (whichever of 0-2 the harness left open)
+    assert passed == (*stdio, *range(3, 256 - len(stdio)))
+    line = f"{len(stdio) + 260 - 253} inherited descriptors above fd {passed[-1]} not passed"
+    assert line.encode() in r.stderr, r.stderr
+
+
 def test_escalated_program_stays_gated(gate: Gate) -> None:
     esc_rule(gate)
     marker(gate.bin, "esc", "forbidden inside; echo inner-rc=$?")

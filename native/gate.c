@@ -1210,37 +1210,39 @@ static int snap_needs_ask(const struct prog *p)
     return p->nlink > 1 || snap_says_ask(p) || leaves_the_gate(p);
 }
 
-static int snap_says_ask(const struct prog *p)
+/* The session's snapshot as it is now: its published mapping, or a fresh one in *scratch
+ * (mapped, validated, and published when a slot is free; the caller unmaps scratch->base when
+ * the result is scratch); NULL: it cannot be read (ask). */
+static const struct snap_map *snap_current(struct snap_map *scratch)
 {
-    if (!eg_sess.snap[0] || !p->real[0])
-        return 1; /* without REALPATH (no /proc) the snapshot cannot be checked fully */
+    if (!eg_sess.snap[0])
+        return NULL;
     int cur = __atomic_load_n(&snap_cur, __ATOMIC_ACQUIRE);
     if (cur >= 0) {
         struct stat st;
         if (eg_sys_fstatat(AT_FDCWD, eg_sess.snap, &st, 0) < 0)
-            return 1;
+            return NULL;
         if (same_snap(&snap_slots[cur], &st))
-            return snap_match(&snap_slots[cur], p);
+            return &snap_slots[cur];
     }
 
     /* a new snapshot: map it (mappings are never unmapped once published: other threads, or
      * the parent of a vfork child, may be reading them) */
     int fd = eg_sys_openat(AT_FDCWD, eg_sess.snap, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0)
-        return 1;
+        return NULL;
     struct stat fst;
     if (eg_sys_fstat(fd, &fst) < 0 || !S_ISREG(fst.st_mode) || fst.st_size < SNAP_HEADER ||
         fst.st_size > (1LL << 30)) {
         eg_sys_close(fd);
-        return 1;
+        return NULL;
     }
     long addr = eg_sys_mmap(NULL, (size_t)fst.st_size, PROT_READ, MAP_SHARED, fd, 0);
     eg_sys_close(fd);
     if (addr < 0 && addr > -4096)
-        return 1;
-    void *base = (void *)addr;
-    struct snap_map tmp = {
-        .base = base,
+        return NULL;
+    *scratch = (struct snap_map){
+        .base = (const unsigned char *)addr,
         .size = (size_t)fst.st_size,
         .dev = (unsigned long long)fst.st_dev,
         .ino = (unsigned long long)fst.st_ino,
@@ -1248,16 +1250,35 @@ static int snap_says_ask(const struct prog *p)
         .mtime_nsec = (long long)fst.st_mtim.tv_nsec,
         .st_size = (long long)fst.st_size,
     };
-    snap_validate(&tmp);
-    int ask = snap_match(&tmp, p);
+    snap_validate(scratch);
     int idx = __atomic_fetch_add(&snap_used, 1, __ATOMIC_ACQ_REL);
-    if (idx < SNAP_SLOTS) {
-        snap_slots[idx] = tmp;
-        __atomic_store_n(&snap_cur, idx, __ATOMIC_RELEASE);
-    } else {
-        eg_sys_munmap(base, tmp.size); /* out of slots: no caching from now on */
-    }
+    if (idx >= SNAP_SLOTS)
+        return scratch; /* out of slots: no caching from now on */
+    snap_slots[idx] = *scratch;
+    __atomic_store_n(&snap_cur, idx, __ATOMIC_RELEASE);
+    return &snap_slots[idx];
+}
+
+static int snap_says_ask(const struct prog *p)
+{
+    if (!p->real[0])
+        return 1; /* without REALPATH (no /proc) the snapshot cannot be checked fully */
+    struct snap_map scratch;
+    const struct snap_map *m = snap_current(&scratch);
+    if (!m)
+        return 1;
+    int ask = snap_match(m, p);
+    if (m == &scratch)
+        eg_sys_munmap((void *)scratch.base, scratch.size);
     return ask;
+}
+
+void eg_snapshot_before_fork(void)
+{
+    struct snap_map scratch;
+    const struct snap_map *m = snap_current(&scratch);
+    if (m == &scratch)
+        eg_sys_munmap((void *)scratch.base, scratch.size);
 }
 
 /* ---------------------------------------------------------------- asking the server */

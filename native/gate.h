@@ -153,6 +153,11 @@ __attribute__((noreturn)) void eg_claim(const char *ticket, char *const *envp, c
  * in-process claims (single-threaded, not a vfork child). Async-signal-safe. */
 void eg_claim_standing(const char *path, int prog, char *const *argv, char *const *envp,
                        char *const *cmd);
+/* Map the session's current snapshot (protocol §6) in this process if it is not mapped yet or
+ * is stale, before a fork: its children then find it mapped and checked, where each would map
+ * and validate it again (a shell forks once per program it runs and never execs itself). For
+ * pthread_atfork's prepare; raw system calls only, no locks, async-signal-safe. */
+void eg_snapshot_before_fork(void);
 /* The interposer's snapshot check (protocol §6) for the program at path (absolute, or relative
  * to cwd), with the snapshot snap (len bytes, validated here) instead of the session's: 1 = it
  * must ask the server (a rule may name it, a script, set-id, several links, ASK_ALWAYS, a

@@ -15,7 +15,10 @@
  * Every program a gated process starts loads this library, so loading it does as little as
  * possible: no symbol is bound before its first call (no -z now), the constructor makes two
  * system calls (getpid, and prctl only after an exec by descriptor), reads no file and maps
- * nothing, unless the launcher holds the process for its call (hold.h: EXECGATE_HOLD set).
+ * nothing, unless the launcher holds the process for its call (hold.h: EXECGATE_HOLD set). The
+ * snapshot is mapped at the first exec, or before the first fork (pthread_atfork): a shell
+ * forks a child per program and never execs itself, so without that every child would map and
+ * validate the snapshot afresh.
  *
  * An escalated exec is claimed in this very process (eg_claim) when that is safe: the process
  * is not a vfork child (whose parent is suspended until the exec) and has no other thread (an
@@ -27,6 +30,7 @@
  */
 #include <dlfcn.h>
 #include <link.h>
+#include <pthread.h>
 #include <linux/kcmp.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -128,6 +132,8 @@ __attribute__((constructor)) static void execgate_init(int argc, char **argv, ch
     eg_hold(argc, argv, &env); /* a held spawn: its call's arguments and environment first */
     own_pid = eg_sys_getpid();
     eg_session_load(env, own_path());
+    if (eg_sess.ok && eg_sess.snap[0])
+        pthread_atfork(eg_snapshot_before_fork, NULL, NULL); /* (no system call) */
     restore_comm(argv);
 }
 

@@ -11,10 +11,12 @@ from pathlib import Path
 from .gateserver import encode_snapshot
 from .support import Gate
 
-#: What libexecgate.so may bind: at load its data references (no function: the constructor calls
-#: nothing in libc); and errno, which an exec that fails (the denial below) sets for its caller.
-#: Anything else was bound by a gated exec.
+#: What libexecgate.so may bind: at load its data references and the one function its
+#: constructor calls (registering the fork handler that maps the snapshot before a fork); and
+#: errno, which an exec that fails (the denial below) sets for its caller. Anything else was
+#: bound by a gated exec.
 ALLOWED = {
+    "__register_atfork",
     "__errno_location",
     "environ",
     "__environ",
@@ -49,3 +51,21 @@ def test_a_gated_exec_binds_no_symbol(gate: Gate, tmp_path: Path) -> None:
                 bound.setdefault(symbol.decode(), set()).add(file.name)
     assert "environ" in bound  # the loader did report the interposer's bindings
     assert set(bound) <= ALLOWED, {s: f for s, f in bound.items() if s not in ALLOWED}
+
+
+def test_a_shell_maps_the_snapshot_before_it_forks_so_its_children_do_not(gate: Gate) -> None:
+    """The fork handler: once bash has forked (for its first program), bash itself has the
+    snapshot mapped, and a newer snapshot (the policy changed) is mapped at the next fork; its
+    children inherit the mapping instead of each mapping and validating the file again."""
+    gate.server.write_snapshot(encode_snapshot([b"forbidden"]))
+    program = Path(shutil.copy("/bin/true", gate.work / "plain-true"))  # one link: no ask
+    snap = str(gate.server.snap_path)
+    script = (
+        f"grep -c '{snap}' /proc/$$/maps; {program}; grep -c '{snap}' /proc/$$/maps; "
+        f"cp {snap}.next {snap}; {program}; grep -c '{snap}' /proc/$$/maps; :"
+    )  # (the `:`: bash would exec the last grep in its own place)
+    Path(f"{snap}.next").write_bytes(encode_snapshot([b"forbidden", b"other"]))
+    r = gate.run(["bash", "-c", script])
+    # (the first grep is already forked: bash mapped it before that fork)
+    assert r.stdout.split() == [b"1", b"1", b"2"], r.stdout
+    assert not gate.forbidden_ran()

@@ -156,7 +156,7 @@ void eg_claim_standing(const char *path, int prog, char *const *argv, char *cons
 /* Map the session's current snapshot (protocol §6) in this process if it is not mapped yet or
  * is stale, before a fork: its children then find it mapped and checked, where each would map
  * and validate it again (a shell forks once per program it runs and never execs itself). For
- * pthread_atfork's prepare; raw system calls only, no locks, async-signal-safe. */
+ * the interposed fork(); raw system calls only, no locks, async-signal-safe. */
 void eg_snapshot_before_fork(void);
 /* The interposer's snapshot check (protocol §6) for the program at path (absolute, or relative
  * to cwd), with the snapshot snap (len bytes, validated here) instead of the session's: 1 = it

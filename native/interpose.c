@@ -16,7 +16,7 @@
  * possible: no symbol is bound before its first call (no -z now), the constructor makes two
  * system calls (getpid, and prctl only after an exec by descriptor), reads no file and maps
  * nothing, unless the launcher holds the process for its call (hold.h: EXECGATE_HOLD set). The
- * snapshot is mapped at the first exec, or before the first fork (pthread_atfork): a shell
+ * snapshot is mapped at the first exec, or at a fork() (interposed for that alone): a shell
  * forks a child per program and never execs itself, so without that every child would map and
  * validate the snapshot afresh.
  *
@@ -30,7 +30,6 @@
  */
 #include <dlfcn.h>
 #include <link.h>
-#include <pthread.h>
 #include <linux/kcmp.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -132,9 +131,23 @@ __attribute__((constructor)) static void execgate_init(int argc, char **argv, ch
     eg_hold(argc, argv, &env); /* a held spawn: its call's arguments and environment first */
     own_pid = eg_sys_getpid();
     eg_session_load(env, own_path());
-    if (eg_sess.ok && eg_sess.snap[0])
-        pthread_atfork(eg_snapshot_before_fork, NULL, NULL); /* (no system call) */
     restore_comm(argv);
+}
+
+/* ---------------------------------------------------------------- fork */
+
+/* libc's fork under its other name (GLIBC_2.2.5, the same function: atfork handlers and all) */
+extern pid_t __fork(void);
+
+/* A shell forks a child per program and never execs itself: map the snapshot here, once, so
+ * its children inherit it instead of each mapping and validating it (gate.h). Not a
+ * pthread_atfork handler: registering one writes two pages of libc's data in every process
+ * that loads the library, most of which never fork. */
+EXPORT pid_t fork(void)
+{
+    if (eg_sess.ok)
+        eg_snapshot_before_fork();
+    return __fork();
 }
 
 /* ---------------------------------------------------------------- the exec family */

@@ -11,12 +11,12 @@ from pathlib import Path
 from .gateserver import encode_snapshot
 from .support import Gate
 
-#: What libexecgate.so may bind: at load its data references and the one function its
-#: constructor calls (registering the fork handler that maps the snapshot before a fork); and
-#: errno, which an exec that fails (the denial below) sets for its caller. Anything else was
-#: bound by a gated exec.
+#: What libexecgate.so may bind: at load its data references (no function: the constructor calls
+#: nothing in libc); libc's fork under its other name, in a process that forks (bash, once:
+#: its children inherit the binding); and errno, which an exec that fails (the denial below)
+#: sets for its caller. Anything else was bound by a gated exec.
 ALLOWED = {
-    "__register_atfork",
+    "__fork",
     "__errno_location",
     "environ",
     "__environ",
@@ -54,7 +54,7 @@ def test_a_gated_exec_binds_no_symbol(gate: Gate, tmp_path: Path) -> None:
 
 
 def test_a_shell_maps_the_snapshot_before_it_forks_so_its_children_do_not(gate: Gate) -> None:
-    """The fork handler: once bash has forked (for its first program), bash itself has the
+    """The interposed fork: once bash has forked (for its first program), bash itself has the
     snapshot mapped, and a newer snapshot (the policy changed) is mapped at the next fork; its
     children inherit the mapping instead of each mapping and validating the file again."""
     gate.server.write_snapshot(encode_snapshot([b"forbidden"]))

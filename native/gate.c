@@ -326,31 +326,27 @@ static void write_message(const char *msg, size_t n)
 
 /* ---------------------------------------------------------------- session */
 
-/* All the session's strings, packed so that loading touches as few pages as possible (every
- * gated process runs this). */
-static char sess_arena[6 * EG_PATH + 512];
-static size_t sess_used;
-
 /* Copy "name=value" (name NULL: just value) into the arena; "" when it does not fit (never a
  * truncated value, which might happen to be valid). */
 static const char *arena_put(const char *name, const char *value, size_t vlen)
 {
     size_t nlen = name ? strlen(name) + 1 : 0;
-    if (nlen + vlen + 1 > sizeof sess_arena - sess_used) {
+    size_t room = sizeof eg_sess.arena - eg_sess.arena_used;
+    if (nlen + vlen + 1 > room) {
         if (!name)
             return "";
         vlen = 0;
-        if (nlen + 1 > sizeof sess_arena - sess_used)
+        if (nlen + 1 > room)
             return "";
     }
-    char *d = sess_arena + sess_used;
+    char *d = eg_sess.arena + eg_sess.arena_used;
     if (name) {
         memcpy(d, name, nlen - 1);
         d[nlen - 1] = '=';
     }
     memcpy(d + nlen, value, vlen);
     d[nlen + vlen] = '\0';
-    sess_used += nlen + vlen + 1;
+    eg_sess.arena_used += nlen + vlen + 1;
     return d;
 }
 
@@ -433,7 +429,7 @@ void eg_session_load(char *const *envp, const char *preload_self)
     const char *sock = eg_getenv(envp, "EXECGATE_SOCKET");
     const char *token = eg_getenv(envp, "EXECGATE_TOKEN");
     const char *wrapper = eg_getenv(envp, "EXECGATE_WRAPPER");
-    sess_used = 0;
+    S->arena_used = 0;
     S->ok = 0;
     S->reason = "";
     S->snap = S->wrapper = S->preload = "";

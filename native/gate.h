@@ -41,6 +41,11 @@ struct eg_session {
     const char *env[9 + 19];
     int nenv;
     int proxied; /* EXECGATE_PROXY was set at load: the proxy variables are the gate's too */
+    /* The strings above, packed right after them: loading writes this page anyway (the
+     * loader zeroes the start of .bss on the page of the GOT), so a session that fits costs
+     * no page of its own in every gated process. */
+    size_t arena_used;
+    char arena[6 * EG_PATH + 512];
 };
 
 extern struct eg_session eg_sess;

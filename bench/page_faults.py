@@ -7,7 +7,7 @@ VM each costs about 2 µs. The loop reads its own and its reaped children's mino
 counts), per configuration:
 
   plain                 bash, no execgate
-  run                   execgate run, `true` named by no rule: decided in the fork child
+  run (snapshot)        execgate run, `true` named by no rule: decided in the fork child
   run, workspace-write  the same inside the workspace-write sandbox
   escalate              `true` allowed, in workspace-write: every exec a standing claim; the
                         children counted are the claimers (the escalated programs are the
@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from exec_overhead import CONFIGS  # a sibling script (bench/ is sys.path[0])
+
 # /proc/PID/stat split on spaces (the comm has none here): minflt is field 10, cminflt 11.
 LOOP = r"""
 me() {{ read -r -a s < /proc/$$/stat; echo $(( s[9] )) $(( s[10] )); }}
@@ -36,16 +38,8 @@ read -r m1 c1 <<< "$(me)"
 echo $(( (m1 - m0) / {n} )) $(( (c1 - c0) / {n} ))
 """
 
-CONFIGS: dict[str, tuple[str | None, list[str]]] = {
-    # name: (rules text or None for plain bash, extra `execgate run` options)
-    "plain": (None, []),
-    "run": ('prefix_rule(["git", "push"], "prompt")\n', []),
-    "run, workspace-write": (
-        'prefix_rule(["git", "push"], "prompt")\n',
-        ["--sandbox", "workspace-write"],
-    ),
-    "escalate": ('prefix_rule(["true"], "allow")\n', ["--sandbox", "workspace-write"]),
-}
+#: exec_overhead.py's configurations of the same names (its docstring says what each is).
+SHOWN = ("plain", "run (snapshot)", "run, workspace-write", "escalate")
 
 
 def main() -> None:
@@ -63,7 +57,8 @@ def main() -> None:
         loop = LOOP.format(n=args.execs)
         print(f"minor page faults per exec, bash loop of {args.execs} /bin/true")
         print(f"  {'':22} {'the shell':>9} {'its children':>12}")
-        for i, (name, (rules, options)) in enumerate(CONFIGS.items()):
+        for i, name in enumerate(SHOWN):
+            rules, options = CONFIGS[name]
             cmd = ["bash", "--norc", "--noprofile", "-c", loop]
             if rules is not None:
                 path = home / f"rules{i}.rules"

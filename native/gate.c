@@ -1271,6 +1271,10 @@ static int snap_says_ask(const struct prog *p)
 
 void eg_snapshot_before_fork(void)
 {
+    /* no slot left: a newer snapshot mapped here could not be handed down (each child maps
+     * its own, as snap_says_ask does), and a published one needs nothing */
+    if (__atomic_load_n(&snap_used, __ATOMIC_ACQUIRE) >= SNAP_SLOTS)
+        return;
     struct snap_map scratch;
     const struct snap_map *m = snap_current(&scratch);
     if (m == &scratch)

@@ -271,3 +271,36 @@ echo alive
     for outside in ("linked", "system", "named"):
         assert (out / outside).exists(), (outside, stdout, stderr, log)
     assert len([line for line in log if "is where the sandbox can write" in line]) == 4, log
+
+
+def test_a_shell_that_forges_its_snapshot_still_has_named_programs_judged_and_never_waits(
+    place: tuple[Any, Path],
+) -> None:
+    """The interposed fork() maps the session's snapshot in the forking shell (docs/
+    architecture.md). A shell that points EXECGATE_SNAPSHOT at a FIFO (a fork that would wait
+    on it), at a file of its own (a malformed snapshot), or at nothing, before it forks and
+    before a new shell starts, changes nothing: the gate's variables are the ones captured at
+    load, every exec of a rule-named program is still the server's to judge, and no fork hangs.
+    A fork made with the raw system call skips the interposer: its child maps the snapshot
+    itself, as before."""
+    user, base = place
+    _, out = folders(base)
+    rules = 'prefix_rule(["touch"], "forbidden")\n'
+    script = f"""
+mkfifo fifo; printf 'EGSNAP1' > own.snap
+for forged in "$PWD/fifo" "$PWD/own.snap" /nonexistent ""; do
+  (export EXECGATE_SNAPSHOT="$forged"; touch {out}/in-subshell; echo "rc=$?")
+  EXECGATE_SNAPSHOT="$forged" bash -c 'touch {out}/in-new-shell; echo "rc=$?"'
+done
+python3 -c 'import ctypes, os
+nr = {{"x86_64": 56, "aarch64": 220}}[os.uname().machine]  # clone(SIGCHLD): no interposer
+pid = ctypes.CDLL(None, use_errno=True).syscall(nr, 17, 0, 0, 0, 0)
+if pid == 0: os.execvp("touch", ["touch", "{out}/raw-fork"])
+os.waitpid(pid, 0)'
+echo alive
+"""
+    stdout, stderr, _ = run_session(user, base, rules, script)
+    assert "alive" in stdout, (stdout, stderr)
+    assert stdout.count("rc=126") == 8, (stdout, stderr)
+    assert stderr.count("execgate: denied: touch") >= 9, stderr
+    assert not any(out.iterdir()), list(out.iterdir())

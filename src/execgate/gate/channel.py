@@ -14,6 +14,7 @@ import socket
 from collections.abc import Sequence
 
 from execgate.gate.protocol import HEADER, MAX_FDS, MAX_PAYLOAD, ProtocolError, split_payload
+from execgate.readable import ReadableWatch
 
 _ANCILLARY = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
@@ -27,18 +28,11 @@ class Channel:
         sock.setblocking(False)
         self.sock = sock
         self._loop = asyncio.get_running_loop()
+        self._input = ReadableWatch(sock.fileno())  # (read frame after frame)
 
     def close(self) -> None:
+        self._input.close()
         self.sock.close()
-
-    async def _readable(self) -> None:
-        fd = self.sock.fileno()
-        waiter = self._loop.create_future()
-        self._loop.add_reader(fd, waiter.set_result, None)
-        try:
-            await waiter
-        finally:
-            self._loop.remove_reader(fd)
 
     async def _writable(self) -> None:
         fd = self.sock.fileno()
@@ -64,7 +58,7 @@ class Channel:
                         HEADER.size - len(header), _ANCILLARY if not header else 0
                     )
                 except BlockingIOError:
-                    await self._readable()
+                    await self._input.wait()
                     continue
                 for level, kind, payload in ancdata:
                     if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -86,7 +80,7 @@ class Channel:
                 try:
                     n = self.sock.recv_into(view[got_bytes:])
                 except BlockingIOError:
-                    await self._readable()
+                    await self._input.wait()
                     continue
                 if n == 0:
                     raise ChannelClosed("closed mid-frame")

@@ -41,6 +41,7 @@ from execgate.mcp_front.wire import (
     read_message,
     result_message,
 )
+from execgate.readable import ReadableWatch
 from execgate.visible import visible
 
 log = logging.getLogger("execgate.mcp")
@@ -78,6 +79,8 @@ class _InFlight:
 class Connection:
     """JSON-RPC on ``read_fd``/``write_fd``; ``buffered``: what was read before we started."""
 
+    _input: ReadableWatch  # the client's lines, watched while :meth:`run` runs
+
     def __init__(self, read_fd: int, write_fd: int, buffered: bytes = b"") -> None:
         self._read_fd = read_fd
         self._write_fd = write_fd
@@ -96,6 +99,7 @@ class Connection:
         flags = [(fd, fcntl.fcntl(fd, fcntl.F_GETFL)) for fd in (self._read_fd, self._write_fd)]
         for fd, _ in flags:
             os.set_blocking(fd, False)
+        self._input = ReadableWatch(self._read_fd)
         try:
             async with anyio.create_task_group() as requests:
                 with self._reading:
@@ -105,6 +109,7 @@ class Connection:
                     request.scope.cancel()
         finally:
             self._close()
+            self._input.close()
             for fd, flag in flags:  # a terminal's flags belong to the shell it came from
                 with contextlib.suppress(OSError):
                     fcntl.fcntl(fd, fcntl.F_SETFL, flag)
@@ -129,7 +134,7 @@ class Connection:
             try:
                 chunk = os.read(self._read_fd, _READ_SIZE)
             except BlockingIOError:
-                await anyio.wait_readable(self._read_fd)
+                await self._input.wait()
                 continue
             except OSError:
                 chunk = b""

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <locale.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -102,6 +103,12 @@ void eg_hold(int argc, char **argv, char ***envp)
     char *buf = eg_sys_map_anon(HOLD_MAX);
     if (!buf)
         give_up("no memory");
+    /* The shell sets its locale from the environment as it starts (bash, zsh): load that
+     * locale's files now, ahead of the call. The process's own locale stays "C" (a program
+     * that never sets one must not get it); the object only keeps the files' data in libc's
+     * list of loaded locales, where the shell's setlocale finds it instead of reading them.
+     * A call with other locale variables loads its own, as without this. */
+    (void)newlocale(LC_ALL_MASK, "", (locale_t)0);
     int fds[EG_MAX_FDS], nfds = 0;
     ssize_t len = eg_recv_frame(EG_HOLD_FD, buf, HOLD_MAX, fds, &nfds, EG_MAX_FDS, 1);
     eg_sys_close(EG_HOLD_FD);

@@ -4,8 +4,11 @@ only through a socket the process's own parent made."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,12 +25,12 @@ PRELOAD = f"LD_PRELOAD={BIN / 'libexecgate.so'}".encode()
 BASE_ENV = [PRELOAD, b"PATH=/usr/bin:/bin", b"LANG=C.UTF-8"]
 
 
-async def held_bash(launcher: Launcher, devnull: int) -> LaunchedProcess:
-    program = os.open(BASH, os.O_RDONLY | os.O_CLOEXEC)
+async def held_bash(launcher: Launcher, devnull: int, path: str = BASH) -> LaunchedProcess:
+    program = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         return await launcher.spawn(
-            path=BASH.encode(),
-            argv=placeholder_argv(BASH.encode()),
+            path=path.encode(),
+            argv=placeholder_argv(path.encode()),
             env=placeholder_env(BASE_ENV),
             cwd=b"/",
             fds={0: devnull, 1: devnull, 2: devnull},
@@ -92,6 +95,66 @@ def test_a_held_shell_takes_exactly_the_call_it_is_released_with(tmp_path: Path)
             await launcher.shutdown()
 
     run(go)
+
+
+RECVMSG = {"x86_64": "47", "aarch64": "212"}[os.uname().machine]  # (its wait: native/hold.c)
+# A program that never sets its locale, as dash: it must run in "C" whatever the environment.
+LOCALE_PROBE = r"""
+#include <locale.h>
+#include <stdio.h>
+int main(void) { printf("%s\n", setlocale(LC_ALL, NULL)); return 0; }
+"""
+
+
+def test_a_held_shell_has_its_locale_loaded_ahead_and_runs_in_the_one_its_call_says(
+    tmp_path: Path,
+) -> None:
+    """The locale the placeholder's environment names is loaded while the shell waits (the
+    shell's own setlocale then finds it loaded, native/hold.c); the locale in force is still
+    the one the call's environment gives a shell that sets it (bash: the length of an
+    "é" is one character in C.UTF-8, two bytes in C), and "C" for a program that sets none."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    assert compiler is not None, "a C compiler builds execgate's native part"
+    probe = tmp_path / "locale-probe"
+    source = tmp_path / "probe.c"
+    source.write_text(LOCALE_PROBE)
+    subprocess.run([compiler, "-o", str(probe), str(source)], check=True)
+    length = b"x=\xc3\xa9; echo ${#x}"  # (the two bytes of "\u00e9")
+
+    async def go() -> list[bytes]:
+        launcher = await Launcher.start(None, new_session=True)
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        printed = []
+        try:
+            calls = [
+                (BASH, [b"-c", length], [b"LANG=C.UTF-8"]),
+                (BASH, [b"-c", length], [b"LANG=C.UTF-8", b"LC_ALL=C"]),
+                (str(probe), [b"-c", b""], [b"LANG=C.UTF-8"]),  # (the placeholder's argc)
+            ]
+            for path, args, locale in calls:
+                shell = await held_bash(launcher, devnull, path)
+                proc = Path(f"/proc/{shell.pid}")
+                while (proc / "syscall").read_text().split()[0] != RECVMSG:
+                    await asyncio.sleep(0.01)  # until it waits for its release
+                assert "/LC_CTYPE" in (proc / "maps").read_text()  # loaded before
+                out_r, out_w = os.pipe2(os.O_CLOEXEC)
+                try:
+                    env = [PRELOAD, b"PATH=/usr/bin:/bin", *locale]
+                    await launcher.release(
+                        shell, argv=[path.encode(), *args], env=env, cwd=b"/",
+                        fds={0: devnull, 1: out_w, 2: out_w}, last=False,
+                    )  # fmt: skip
+                    os.close(out_w)
+                    assert os.waitstatus_to_exitcode(await shell.wait()) == 0
+                    printed.append(os.read(out_r, 4096))
+                finally:
+                    os.close(out_r)
+        finally:
+            os.close(devnull)
+            await launcher.shutdown()
+        return printed
+
+    assert run(go) == [b"1\n", b"2\n", b"C\n"]
 
 
 def test_a_held_shell_runs_nothing_before_or_without_its_release(tmp_path: Path) -> None:

@@ -20,10 +20,11 @@ from execgate.gate.held import COMMAND_ROOM
 # How many NULs the shell's /proc/PID/cmdline has: one per argument (3) when spawned for the
 # call, many more when held (the placeholder's room left over, zeroed).
 NULS = '$(( $(wc -c < /proc/$$/cmdline) - $(tr -d "\\0" < /proc/$$/cmdline | wc -c) ))'
+# (the length of "é": one character in the server's C.UTF-8, as in a shell spawned for the call)
 PROBE = (
-    'printf "%s\\n" "$0" "$PWD" "$(pwd -P)" "${EXECGATE_HOLD-unset}" '
+    'x=\u00e9; printf "%s\\n" "$0" "$PWD" "$(pwd -P)" "${EXECGATE_HOLD-unset}" '
     '"${EXECGATE_HOLD_ROOM-unset}" "$(tr "\\0" "\\n" < /proc/$$/cmdline | grep -c .)" '
-    f'"{NULS}"; read -r x || echo stdin-empty; exit 5'
+    f'"{NULS}" "${{#x}}"; read -r x || echo stdin-empty; exit 5'
 )
 
 
@@ -67,12 +68,12 @@ def test_a_call_runs_in_a_held_shell_exactly_as_in_one_spawned_for_it(
     for data, held in zip(results, (True, True, False, True), strict=True):
         assert data["exit_code"] == 5, data
         lines = str(data["output"]).splitlines()
-        shell, pwd, real, hold, room, args, nuls = lines[:7]
-        assert shell.endswith("/bash") and (pwd, real, hold, room, args) == (
-            work, work, "unset", "unset", "3"
+        shell, pwd, real, hold, room, args, nuls, length = lines[:8]
+        assert shell.endswith("/bash") and (pwd, real, hold, room, args, length) == (
+            work, work, "unset", "unset", "3", "1"
         )  # fmt: skip
         assert (int(nuls) > 3) == held, data  # held: the room left over is NULs
-        assert lines[7:] == ["stdin-empty"]
+        assert lines[8:] == ["stdin-empty"]
 
 
 def test_a_login_call_and_a_denied_one_are_as_without_a_held_shell(mcp: Mcp) -> None:

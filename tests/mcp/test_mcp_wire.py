@@ -5,8 +5,12 @@ everything gets every answer; the server process never imports the SDK."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 from mcpharness import Mcp, PipeLines, shell_args
@@ -158,3 +162,57 @@ def test_the_server_process_never_imports_the_mcp_sdk(mcp: Mcp) -> None:
     assert "execgate.mcp_front.server" in imported  # the listing is complete
     sdk = {m for m in imported if m.split(".")[0] in ("mcp", "mcp_types", "pydantic")}
     assert sdk == set(), sdk
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_client_that_stops_reading_stalls_the_server_without_spinning_or_losing_lines(
+    mcp: Mcp,
+) -> None:
+    """A client that sends pings and reads no answer: once the server's output pipe is full,
+    it stops reading its input (its reader no longer watched by the event loop: nobody reads
+    it soon), so the loop sleeps instead of waking for a readable input at every turn
+    (execgate/readable.py); when the client reads again, every ping is answered, in order."""
+    server = _serve(mcp)
+    assert server.stdin is not None and server.stdout is not None
+    # (tools/list: answered by the server itself, not by the opening while it starts)
+    listed = {"jsonrpc": "2.0", "id": "list", "method": "tools/list"}
+    server.stdin.write(_line(INIT) + _line(INITIALIZED) + _line(listed))
+    server.stdin.flush()
+    lines = PipeLines(server.stdout)
+    assert [json.loads(lines.next(timeout=60))["id"] for _ in range(2)] == [1, "list"]
+    # Far more answers than the output pipe holds, and more pings than the input pipe holds.
+    os.set_blocking(server.stdin.fileno(), False)
+    sent, pending, refused = 0, b"", 0
+    while refused < 200:  # two seconds of a full input pipe: the server waits for us
+        if not pending:
+            sent += 1
+            pending = _line({"jsonrpc": "2.0", "id": 1 + sent, "method": "ping"})
+        try:
+            pending = pending[os.write(server.stdin.fileno(), pending) :]
+            refused = 0
+        except BlockingIOError:
+            refused += 1
+            time.sleep(0.01)
+    # (an answer is 36-41 bytes: a full 64 KiB output pipe holds under 2000 of them)
+    assert sent > 2000, "the server stopped reading before its output was full"
+    time.sleep(0.5)  # (the server settles on its blocked write)
+    before = _cpu_seconds(server.pid)
+    time.sleep(1.0)
+    assert _cpu_seconds(server.pid) - before < 0.3  # asleep, not spinning on its input
+    os.set_blocking(server.stdin.fileno(), True)
+    stdin = server.stdin
+
+    def finish() -> None:  # (while we read: the server writes before it reads on)
+        stdin.write(pending)
+        stdin.close()
+
+    writer = threading.Thread(target=finish)
+    writer.start()
+    ids = [json.loads(lines.next(timeout=60))["id"] for _ in range(sent)]
+    writer.join()
+    assert ids == list(range(2, 2 + sent))
+    assert server.wait(timeout=60) == 0

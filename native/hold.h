@@ -8,7 +8,8 @@
  * environment, which the constructor puts in place (the argument and environment strings are
  * written over the placeholder's, so /proc/PID/cmdline and environ read the call's) before the
  * shell's main sees them. While it waits it keeps the locale its environment names loaded
- * (the process's own locale stays "C"). End-of-file (never released, or the launcher gone) exits 126.
+ * (the process's own locale stays "C"). End-of-file (never released, or the launcher gone)
+ * exits 126.
  *
  * A hold is honoured only through a socket the process's parent made (SO_PEERCRED), i.e. the
  * spawner's own word; anything else (an inherited variable, another process's socket) is

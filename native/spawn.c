@@ -374,8 +374,7 @@ static int child_main(void *arg)
     if (r == 0)
         r = (int)EG_SC(SYS_execveat, fd, "", c->argv, c->envp, AT_EMPTY_PATH, 0);
     c->err = r < 0 ? -r : ECHILD;
-    EG_SC(SYS_exit_group, 127, 0, 0, 0, 0, 0);
-    return 127;
+    eg_sys_exit(127);
 }
 
 /* ---------------------------------------------------------------- the caller */

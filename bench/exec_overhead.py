@@ -94,15 +94,29 @@ def look_alike(home: Path, program: Path) -> None:
     path.chmod(0o755)
 
 
+def loop_env(home: Path) -> dict[str, str]:
+    """The environment the loops run in: ``home`` as HOME and as execgate's home."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "EXECGATE_HOME": str(home / "execgate"),
+        "LANG": "C.UTF-8",
+    }
+
+
+def gated(cmd: list[str], rules: Path | None, options: list[str]) -> list[str]:
+    """``cmd`` under ``execgate run --rules RULES OPTIONS`` (as it is when ``rules`` is None)."""
+    if rules is None:
+        return cmd
+    return [sys.executable, "-m", "execgate", "run", "--rules", str(rules), *options, "--", *cmd]
+
+
 def measure(
     rules: Path | None, options: list[str], execs: int, env: dict[str, str], program: Path
 ) -> int:
     """Microseconds per exec of one run of the loop (under execgate unless ``rules`` is None)."""
     loop = ["bash", "--norc", "--noprofile", "-c", LOOP.format(n=execs, program=program)]
-    cmd = loop
-    if rules is not None:
-        gate = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), *options]
-        cmd = [*gate, "--", *loop]
+    cmd = gated(loop, rules, options)
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
 
@@ -111,10 +125,7 @@ def measure_spawn(
     rules: Path | None, options: list[str], execs: int, env: dict[str, str], program: Path
 ) -> int:
     """Microseconds per posix_spawn + waitpid of one run of the Python loop."""
-    cmd = [sys.executable, "-c", SPAWN_LOOP, str(execs), str(program)]
-    if rules is not None:
-        gate = [sys.executable, "-m", "execgate", "run", "--rules", str(rules), *options]
-        cmd = [*gate, "--", *cmd]
+    cmd = gated([sys.executable, "-c", SPAWN_LOOP, str(execs), str(program)], rules, options)
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
 
@@ -128,12 +139,7 @@ def main() -> None:
     program: Path = args.program.absolute()
     with tempfile.TemporaryDirectory(prefix="execgate-bench-") as tmp:
         home = Path(tmp)
-        env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(home),
-            "EXECGATE_HOME": str(home / "execgate"),
-            "LANG": "C.UTF-8",
-        }
+        env = loop_env(home)
         look_alike(home, program)
         quiet = home / "execgate-no-log"
         quiet.mkdir()

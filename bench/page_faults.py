@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from exec_overhead import CONFIGS  # a sibling script (bench/ is sys.path[0])
+from exec_overhead import CONFIGS, gated, loop_env  # a sibling script (bench/ is sys.path[0])
 
 # /proc/PID/stat split on spaces (the comm has none here): minflt is field 10, cminflt 11.
 LOOP = r"""
@@ -48,23 +47,17 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="execgate-bench-") as tmp:
         home = Path(tmp)
-        env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(home),
-            "EXECGATE_HOME": str(home / "execgate"),
-            "LANG": "C.UTF-8",
-        }
+        env = loop_env(home)
         loop = LOOP.format(n=args.execs)
         print(f"minor page faults per exec, bash loop of {args.execs} /bin/true")
         print(f"  {'':22} {'the shell':>9} {'its children':>12}")
         for i, name in enumerate(SHOWN):
             rules, options = CONFIGS[name]
-            cmd = ["bash", "--norc", "--noprofile", "-c", loop]
+            path = None
             if rules is not None:
                 path = home / f"rules{i}.rules"
                 path.write_text(rules)
-                gate = [sys.executable, "-m", "execgate", "run", "--rules", str(path), *options]
-                cmd = [*gate, "--", *cmd]
+            cmd = gated(["bash", "--norc", "--noprofile", "-c", loop], path, options)
             out = subprocess.run(
                 cmd, env=env, cwd=home, capture_output=True, text=True, check=True
             ).stdout

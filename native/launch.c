@@ -75,6 +75,8 @@
 #define CLAIM_DEADLINE_MS 30000LL
 /* A standing claim's `go` waits this long for the end of its program (§4 "Standing claims"). */
 #define GO_AFTER_MS 1LL
+/* An answered claim's connection is closed at our next wake-up, or this much later. */
+#define LINGER_MS 20
 #define MAX_SIGNAL_FRAME 256 /* frames after the claim are `signal` frames: small */
 #define MAX_TICKET 255
 #define MAX_TICKETS 256 /* outstanding authorizations; the oldest goes first */
@@ -1294,9 +1296,36 @@ static void free_dead_conns(void)
     }
 }
 
+/* Answered claim connections, closed at our next wake-up (LINGER_MS at the latest). Closed
+ * right after the answer, the close woke the claimer a second time (its end of the
+ * connection changed state), about as costly as the answer's own wake-up; by our next
+ * wake-up it has read its answer and gone, and the close wakes no one. */
+static int g_linger[64];
+static int g_nlinger;
+
+static void close_lingering(void)
+{
+    while (g_nlinger > 0)
+        close(g_linger[--g_nlinger]);
+}
+
+static void conn_drop(struct conn *c, int linger);
+
+/* Close an answered connection: as conn_close, its socket at the next wake-up. */
+static void conn_answered(struct conn *c)
+{
+    conn_drop(c, g_nlinger < (int)(sizeof g_linger / sizeof g_linger[0]));
+}
+
 /* Close the connection. A program it claimed that has not been reaped yet is killed: its
  * claimer is gone (or has been answered already, and then it is dead anyway). */
 static void conn_close(struct conn *c)
+{
+    conn_drop(c, 0);
+}
+
+/* conn_close; linger: the socket itself is closed by close_lingering. */
+static void conn_drop(struct conn *c, int linger)
 {
     if (c->fd < 0)
         return;
@@ -1304,7 +1333,10 @@ static void conn_close(struct conn *c)
     for (int i = 0; i < c->nfds; i++)
         close(c->fds[i]);
     c->nfds = 0;
-    close(c->fd);
+    if (linger)
+        g_linger[g_nlinger++] = c->fd;
+    else
+        close(c->fd);
     c->fd = -1;
     for (size_t i = 0; i < g_nconns; i++)
         if (g_conns[i] == c) {
@@ -1382,14 +1414,31 @@ static void claim_ended(struct conn *c, int ran, int status)
         conn_release(c); /* its claimer is gone */
         return;
     }
-    send_go(c); /* (its end is the next frame: read at the same wake-up) */
-    if (ran) {
-        if (WIFSIGNALED(status))
-            conn_send(c, "signal", NULL, WTERMSIG(status));
-        else
-            conn_send(c, "exit", NULL, WEXITSTATUS(status));
+    if (!ran) {
+        send_go(c);
+        conn_close(c);
+        return;
     }
-    conn_close(c);
+    /* An owed `go` and the end go out in one write: sent apart, the claimer woke at the
+     * first, took over its signals and descriptors for nothing, and slept again. */
+    char go[64], end[64];
+    struct eg_buf b[2];
+    eg_buf_init(&b[0], go, sizeof go);
+    eg_put(&b[0], EG_TAG);
+    eg_put(&b[0], "go");
+    eg_buf_init(&b[1], end, sizeof end);
+    eg_put(&b[1], EG_TAG);
+    eg_put(&b[1], WIFSIGNALED(status) ? "signal" : "exit");
+    eg_put_long(&b[1], WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    int owed = c->go_due != 0;
+    c->go_due = 0;
+    if (eg_seal_frame(&b[0]) == 0 && eg_seal_frame(&b[1]) == 0) {
+        struct iovec iov[2] = {{go, b[0].len}, {end, b[1].len}};
+        struct msghdr msg = {.msg_iov = owed ? iov : iov + 1, .msg_iovlen = owed ? 2 : 1};
+        while (sendmsg(c->fd, &msg, MSG_NOSIGNAL) < 0 && errno == EINTR)
+            ; /* small frames into an empty buffer: whole or not at all */
+    }
+    conn_answered(c);
 }
 
 static int control_step(void);
@@ -2232,6 +2281,8 @@ int main(int argc, char **argv)
         if (paused > 0 && (wake < 0 || g_accept_paused < wake))
             wake = g_accept_paused;
         int timeout = wake < 0 ? -1 : (int)(wake > now ? wake - now : 0);
+        if (g_nlinger > 0 && (timeout < 0 || timeout > LINGER_MS))
+            timeout = LINGER_MS; /* a claimer that reads to end-of-file waits no longer */
         size_t np = 3, nc = g_nconns;
         for (size_t i = 0; i < nc; i++) {
             polled[i] = g_conns[i];
@@ -2247,6 +2298,7 @@ int main(int argc, char **argv)
             note("poll: %s", strerror(errno));
             shutdown_session(EOF_GRACE_MS);
         }
+        close_lingering();
         /* Error pipes first, so `spawned` always precedes `exited`. */
         for (size_t i = first_pipe; i < np; i++) {
             if (!pfds[i].revents)

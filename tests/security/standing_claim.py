@@ -56,7 +56,13 @@ def claim(token: bytes, path: str, argv: list[str], program: int) -> str:
     if first[1] != b"go":
         return first[1].decode()
     end = recv_frame(sock)
-    return "go " + (b" ".join(end[1:]).decode() if end else "closed")
+    if end is None:
+        return "go closed"
+    # The launcher closes an answered connection a little later (launch.c conn_answered),
+    # never not at all: end-of-file follows the answer.
+    sock.settimeout(30)
+    after = sock.recv(1)
+    return "go " + b" ".join(end[1:]).decode() + ("" if after == b"" else " +more")
 
 
 def hop(stop: threading.Event, a: str, b: str) -> None:

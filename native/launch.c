@@ -26,6 +26,7 @@
 #include "gitrepo.h"
 #include "netns.h"
 #include "sandbox.h"
+#include "sys.h"
 #include "tree.h"
 
 #include <dirent.h>
@@ -1540,6 +1541,32 @@ static long long ns_of(const struct timespec *ts)
     return (long long)ts->tv_sec * 1000000000LL + ts->tv_nsec;
 }
 
+/* fstat of the file the canonical path `real` names now, into *st; 0 when it names none or
+ * reaches it through a symlink (then it is not its canonical path any more). A canonical path
+ * has no ".", ".." or symlink, so opened through no symlink it is the opened file's canonical
+ * path; before Linux 5.6 (no openat2) the opened file's path is read back from /proc. */
+static int canonical_stat(const char *real, struct stat *st)
+{
+    int fd = eg_sys_open_no_symlinks(real, O_PATH | O_CLOEXEC);
+    if (fd == -ENOSYS) {
+        fd = open(real, O_PATH | O_CLOEXEC);
+        if (fd < 0)
+            return 0;
+        char link[64], back[PATH_MAX + 1];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(link, back, sizeof back - 1);
+        if (n <= 0 || (size_t)n != strlen(real) || memcmp(back, real, (size_t)n)) {
+            close(fd);
+            return 0;
+        }
+    }
+    if (fd < 0)
+        return 0;
+    int r = fstat(fd, st);
+    close(fd);
+    return r == 0;
+}
+
 /* Every fact the server judged, derived again here, now, from the claimer and the file
  * (never from what the claimer says): the descriptor it attached is the judged file
  * (dev, ino) and that file did not change since the server looked at it (ctime, which every
@@ -1555,18 +1582,7 @@ static int standing_holds(const struct ticket *t, struct conn *c, int prog, int 
     if (fstat(prog, &theirs) < 0 || (long long)theirs.st_dev != t->standin_dev ||
         (long long)theirs.st_ino != t->standin_ino)
         return 0;
-    int judged = open(t->realpath, O_PATH | O_CLOEXEC);
-    if (judged < 0)
-        return 0;
-    int r = fstat(judged, &theirs);
-    char link[64], real[PATH_MAX + 1];
-    snprintf(link, sizeof link, "/proc/self/fd/%d", judged);
-    ssize_t n = r < 0 ? -1 : readlink(link, real, sizeof real - 1);
-    close(judged);
-    if (n <= 0)
-        return 0;
-    real[n] = '\0';
-    if (strcmp(real, t->realpath))
+    if (!canonical_stat(t->realpath, &theirs))
         return 0;
     /* The kept descriptor holds the file of (t->dev, t->ino) (handle_standing): the same
      * (dev, ino) at the path is that very file, and its fstat now is the server's. */
@@ -1583,9 +1599,9 @@ static int standing_holds(const struct ticket *t, struct conn *c, int prog, int 
     }
     if (pidfd < 0)
         return 0; /* no pidfd (Linux < 6.5): no standing claims */
-    char cwd[PATH_MAX + 1];
+    char link[64], cwd[PATH_MAX + 1];
     snprintf(link, sizeof link, "/proc/%d/cwd", (int)c->peer);
-    n = readlink(link, cwd, sizeof cwd - 1);
+    ssize_t n = readlink(link, cwd, sizeof cwd - 1);
     if (n <= 0)
         return 0;
     cwd[n] = '\0';

@@ -133,6 +133,36 @@ ls {out}; ls {ws}; echo alive
     assert escalations(log, f"{out}/tool {out}/t") == [False, True, True, False, False], log
 
 
+def test_a_folder_swapped_for_a_symlink_above_the_program_is_no_standing_claim(
+    place: tuple[Any, Path],
+) -> None:
+    """The folder watch sees the program's own folder only: a folder above it replaced by a
+    symlink to itself, moved (the program's file, links and times unchanged), is seen by the
+    claim's own look at the path, which must reach the file through no symlink."""
+    user, base = place
+    _, out = folders(base)
+    (out / "a" / "b").mkdir(parents=True)
+    shutil.copy2("/usr/bin/true", out / "a" / "b" / "tool")
+    rules = f"""\
+host_executable(name = "tool", paths = ["{out}/a/b/tool"])
+prefix_rule(["tool"], "allow")
+prefix_rule(["mv"], "allow")
+prefix_rule(["ln"], "allow")
+"""
+    tool = f"{out}/a/b/tool"
+    script = f"""
+{tool}; {tool}; {tool}
+mv {out}/a {out}/a2 && ln -s a2 {out}/a && echo swapped
+{tool}; {tool}; echo alive
+"""
+    stdout, stderr, log = run_session(user, base, rules, script)
+    assert "swapped" in stdout and "alive" in stdout, (stdout, stderr)
+    assert (out / "a").is_symlink()
+    standing = escalations(log, tool)
+    assert standing[:3] == [False, True, True], log
+    assert True not in standing[3:], log  # a miss: the server judged them again
+
+
 def test_a_rules_edit_revokes_standing_claims_racing_it(place: tuple[Any, Path]) -> None:
     user, base = place
     ws, out = folders(base)

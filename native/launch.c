@@ -1310,22 +1310,8 @@ static void close_lingering(void)
         close(g_linger[--g_nlinger]);
 }
 
-static void conn_drop(struct conn *c, int linger);
-
-/* Close an answered connection: as conn_close, its socket at the next wake-up. */
-static void conn_answered(struct conn *c)
-{
-    conn_drop(c, g_nlinger < (int)(sizeof g_linger / sizeof g_linger[0]));
-}
-
-/* Close the connection. A program it claimed that has not been reaped yet is killed: its
- * claimer is gone (or has been answered already, and then it is dead anyway). */
-static void conn_close(struct conn *c)
-{
-    conn_drop(c, 0);
-}
-
-/* conn_close; linger: the socket itself is closed by close_lingering. */
+/* conn_close; linger (an answered connection): its socket is closed by close_lingering, if
+ * there is room for it there. */
 static void conn_drop(struct conn *c, int linger)
 {
     if (c->fd < 0)
@@ -1334,7 +1320,7 @@ static void conn_drop(struct conn *c, int linger)
     for (int i = 0; i < c->nfds; i++)
         close(c->fds[i]);
     c->nfds = 0;
-    if (linger)
+    if (linger && g_nlinger < (int)(sizeof g_linger / sizeof g_linger[0]))
         g_linger[g_nlinger++] = c->fd;
     else
         close(c->fd);
@@ -1350,13 +1336,26 @@ static void conn_drop(struct conn *c, int linger)
         conn_release(c);
 }
 
+/* Close the connection. A program it claimed that has not been reaped yet is killed: its
+ * claimer is gone (or has been answered already, and then it is dead anyway). */
+static void conn_close(struct conn *c)
+{
+    conn_drop(c, 0);
+}
+
+/* Start the answer frame EG1 · KIND in mem. */
+static void answer_frame(struct eg_buf *b, char *mem, size_t cap, const char *kind)
+{
+    eg_buf_init(b, mem, cap);
+    eg_put(b, EG_TAG);
+    eg_put(b, kind);
+}
+
 static void conn_send(struct conn *c, const char *kind, const char *text, long long num)
 {
     char mem[MSG_CAP * 8 + 64];
     struct eg_buf b;
-    eg_buf_init(&b, mem, sizeof mem);
-    eg_put(&b, EG_TAG);
-    eg_put(&b, kind);
+    answer_frame(&b, mem, sizeof mem, kind);
     if (text)
         eg_put_n(&b, text, strnlen(text, MSG_CAP * 8));
     else
@@ -1422,24 +1421,20 @@ static void claim_ended(struct conn *c, int ran, int status)
     }
     /* An owed `go` and the end go out in one write: sent apart, the claimer woke at the
      * first, took over its signals and descriptors for nothing, and slept again. */
-    char go[64], end[64];
-    struct eg_buf b[2];
-    eg_buf_init(&b[0], go, sizeof go);
-    eg_put(&b[0], EG_TAG);
-    eg_put(&b[0], "go");
-    eg_buf_init(&b[1], end, sizeof end);
-    eg_put(&b[1], EG_TAG);
-    eg_put(&b[1], WIFSIGNALED(status) ? "signal" : "exit");
-    eg_put_long(&b[1], WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
-    int owed = c->go_due != 0;
-    c->go_due = 0;
-    if (eg_seal_frame(&b[0]) == 0 && eg_seal_frame(&b[1]) == 0) {
-        struct iovec iov[2] = {{go, b[0].len}, {end, b[1].len}};
-        struct msghdr msg = {.msg_iov = owed ? iov : iov + 1, .msg_iovlen = owed ? 2 : 1};
-        while (sendmsg(c->fd, &msg, MSG_NOSIGNAL) < 0 && errno == EINTR)
-            ; /* small frames into an empty buffer: whole or not at all */
+    char mem[128];
+    struct eg_buf b;
+    size_t at = 0; /* where the end's frame starts: after the `go` */
+    if (c->go_due) {
+        answer_frame(&b, mem, sizeof mem / 2, "go");
+        if (eg_seal_frame(&b) == 0)
+            at = b.len;
     }
-    conn_answered(c);
+    c->go_due = 0;
+    answer_frame(&b, mem + at, sizeof mem - at, WIFSIGNALED(status) ? "signal" : "exit");
+    eg_put_long(&b, WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    if (eg_seal_frame(&b) == 0)
+        (void)eg_write_all(c->fd, mem, at + b.len); /* small frames into an empty buffer */
+    conn_drop(c, 1);
 }
 
 static int control_step(void);
@@ -1499,9 +1494,7 @@ static void conn_send_kind(struct conn *c, const char *kind)
 {
     char mem[64];
     struct eg_buf b;
-    eg_buf_init(&b, mem, sizeof mem);
-    eg_put(&b, EG_TAG);
-    eg_put(&b, kind);
+    answer_frame(&b, mem, sizeof mem, kind);
     (void)eg_send_frame(c->fd, &b, NULL, 0);
 }
 

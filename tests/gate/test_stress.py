@@ -33,7 +33,7 @@ before="$(fds $server) $(fds $PPID)"
 for w in $(seq WORKERS); do bash -c "$WORKER" & done
 wait
 # The launcher closes the last answered claim's connection within 20 ms (launch.c
-# conn_answered): wait for that, not for a leak (the test then fails, 10 s later).
+# close_lingering): wait for that, not for a leak (the test then fails, 10 s later).
 for i in $(seq 200); do [ "$(fds $PPID)" = "${before#* }" ] && break; sleep 0.05; done
 after="$(fds $server) $(fds $PPID)"
 echo "fds before=$before after=$after"

@@ -58,7 +58,7 @@ def claim(token: bytes, path: str, argv: list[str], program: int) -> str:
     end = recv_frame(sock)
     if end is None:
         return "go closed"
-    # The launcher closes an answered connection a little later (launch.c conn_answered),
+    # The launcher closes an answered connection a little later (launch.c close_lingering),
     # never not at all: end-of-file follows the answer.
     sock.settimeout(30)
     after = sock.recv(1)

@@ -25,7 +25,7 @@ import pytest
 from cliharness import EXECGATE, World
 
 import execgate
-from execgate.cli.run import outlive_signals
+from execgate.cli.run import LauncherGone, _launcher_options, outlive_signals
 from execgate.gate import runplan
 
 SLOW = {"EXECGATE_FAST_START": "0"}
@@ -315,6 +315,23 @@ def test_the_launcher_killed_leaves_nothing_behind(warm: World) -> None:
     assert b"execgate: error: the session launcher exited" in err
     assert gone_within([int(sleeper)])
     assert not folder_of(socket_path).exists()
+    # the plan was not stale (whether the server read the launcher's command line before it
+    # was killed or after): it is kept
+    assert plan_files(warm)
+
+
+def test_a_launcher_that_exited_is_gone_not_another_launcher() -> None:
+    """What the server reads of the front's launcher: one that has exited (a zombie, its
+    pid not yet reused) or was reaped is gone, which ends the session without calling its
+    plan stale (a live one's options are read in every fast start above)."""
+    true = shutil.which("true")
+    assert true is not None
+    dead = subprocess.Popen([true])
+    while alive(dead.pid):
+        time.sleep(0.01)  # (until it is a zombie: the test does not reap it yet)
+    assert isinstance(_launcher_options(dead.pid, true), LauncherGone)
+    dead.wait()
+    assert isinstance(_launcher_options(dead.pid, true), LauncherGone)
 
 
 @pytest.mark.parametrize("sandbox", ["off", "workspace-write"])

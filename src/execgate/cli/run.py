@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import select
 import signal
 import socket
 import sys
@@ -297,29 +298,50 @@ def _launcher_pid() -> int:
     raise ExecgateError("the native front's launcher is gone")
 
 
-def _launcher_options(pid: int, launcher: str) -> list[str] | None:
+class LauncherGone:
+    """The front's launcher exited before the server read its command line (the command
+    killed it, say): there is nothing left to compare, and the session is over."""
+
+
+def _launcher_options(pid: int, launcher: str) -> list[str] | LauncherGone | None:
     """The sandbox options the front's launcher runs with (its command line after
     ``--control N --claim-fd N --status-fd N``), read once it runs ``launcher``; None when
-    its command line is not the front's."""
-    deadline = time.monotonic() + 30  # it execs at once: a bound for a loaded machine
-    while True:
-        try:
-            running = os.readlink(f"/proc/{pid}/exe")
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                words = [os.fsdecode(w) for w in f.read().split(b"\0")[:-1]]
-        except OSError:
-            return None
-        if running == launcher or time.monotonic() > deadline:
-            break
-        time.sleep(0.002)
+    its command line is not the front's. What is read by pid is read while a pidfd says the
+    process is still the launcher (the front reaps it once it exits: the pid is reused)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return LauncherGone()
+    except OSError:  # (no pidfds, Linux < 5.3: then by pid alone)
+        pidfd = -1
+    try:
+        deadline = time.monotonic() + 30  # it execs at once: a bound for a loaded machine
+        while True:
+            try:
+                running = os.readlink(f"/proc/{pid}/exe")
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    words = [os.fsdecode(w) for w in f.read().split(b"\0")[:-1]]
+                read_alive = True
+            except OSError:
+                read_alive = False
+            if pidfd >= 0 and select.select([pidfd], [], [], 0)[0]:
+                return LauncherGone()  # (what was read may not be the launcher's)
+            if not read_alive:
+                return None
+            if running == launcher or time.monotonic() > deadline:
+                break
+            time.sleep(0.002)
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
     front = ["--control", "--claim-fd", "--status-fd"]
     if running != launcher or words[1:7:2] != front:
         return None
     return words[7:]
 
 
-def _known_carveouts(options: list[str] | None) -> tuple[tuple[int, int], ...]:
-    if options is None or "--known-carveouts" not in options[:-1]:
+def _known_carveouts(options: list[str] | LauncherGone | None) -> tuple[tuple[int, int], ...]:
+    if not isinstance(options, list) or "--known-carveouts" not in options[:-1]:
         return ()  # (then the launcher's options differ from ours: the session ends)
     listed = options[options.index("--known-carveouts") + 1]
     found = []
@@ -336,7 +358,7 @@ def _differs_from_plan(
     session: EscalationSession,
     gate: GatePolicy,
     log: tuple[str, int, int],
-    launched: list[str] | None,
+    launched: list[str] | LauncherGone | None,
 ) -> str | None:
     """What differs between the plan the front followed and what this server computed
     (None: nothing): the front it was for (our parent), the snapshot, the gate's native files,
@@ -374,7 +396,9 @@ def _differs_from_plan(
     session.launcher.sandbox = spec
     launch = spec.launcher_args() if spec else []
     carveouts = launch[launch.index("--known-carveouts") + 1] if spec and spec.confines else ""
-    if launch != launched or launch != runplan.fill_in(plan, session.dir, carveouts):
+    if launch != runplan.fill_in(plan, session.dir, carveouts) or not (
+        isinstance(launched, LauncherGone) or launch == launched
+    ):
         return "the launcher's options differ"
     if spec is not None and spec.confines:
         from execgate.sandbox import require_support

@@ -109,11 +109,12 @@ def test_example_failures_are_still_reported_from_the_cache(env: Env, store: Rul
         load_rules_files([second], cache=store)  # same cached entry, different context
 
 
-def test_small_files_are_not_cached_by_default(env: Env) -> None:
+def test_small_files_are_cached_too(env: Env) -> None:
+    """A one-rule file from the cache spares loading the Starlark engine at all."""
     path = env.write("p.rules", TEXT)
     store = RulesCache(env.execgate_home / "cache" / "policy")
     load_rules_files([path], cache=store)
-    assert not store.directory.exists()
+    assert len(list(store.directory.glob("*.json"))) == 1
 
 
 def test_unwritable_cache_only_costs_time(env: Env) -> None:

@@ -1244,9 +1244,10 @@ void eg_front(char *const *slow, int nslow, int nrun, char **run)
         }
     }
     /* then stop S (the first record was written before anything ran). S says its status on
-     * the done pipe as its last act before _exit: the kernel's teardown of an interpreter
-     * (milliseconds to tens of them on a loaded machine) is not waited for; S, still dying,
-     * goes to our reaper. EOF without a status (S died or was still starting): wait for it. */
+     * the done pipe once its session is closed and its records written: the teardown of its
+     * event loop and of an interpreter (milliseconds to tens of them on a loaded machine) is
+     * not waited for; S, still ending, goes to our reaper. EOF without a status (S died or was
+     * still starting): wait for it. */
     if (server_status < 0) {
         kill(server, SIGTERM);
         unsigned char said;

@@ -11,12 +11,14 @@ Command line (the front's; not for people)::
     PLAN_FD LISTEN_FD SNAPSHOT_FD CONTROL_FD DONE_FD SESSION_DIR TOKEN ESCALATED_TOKEN
     SESSION_ID PROGRAM REALPATH CWD -- COMMAND...
 
-DONE_FD: a pipe on which this server writes its exit status as its last act (the front then
-need not wait for the kernel to tear the interpreter down).
+DONE_FD: a pipe on which this server writes its exit status once its session is closed and its
+records are written (the front then need not wait for the event loop's and the kernel's
+teardown of the interpreter).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -45,6 +47,16 @@ class FrontStart:
         self.command = argv[13:]
         self.front_pid = os.getppid()
 
+    def say_done(self, status: int) -> None:
+        """Tell the front this server is done, with its exit status (once: later calls do
+        nothing). Its records are written by then: the front may exit."""
+        if self.done_fd < 0:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self.done_fd, bytes([status & 0xFF]))
+        os.close(self.done_fd)
+        self.done_fd = -1
+
 
 def main() -> None:
     start = FrontStart(sys.argv[1:])
@@ -54,4 +66,4 @@ def main() -> None:
     from execgate.cli import entry_with
     from execgate.cli.run import serve_adopted
 
-    entry_with(lambda: serve_adopted(start), done_fd=start.done_fd)
+    entry_with(lambda: serve_adopted(start), done=start.say_done)

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -318,6 +319,51 @@ def test_the_launcher_killed_leaves_nothing_behind(warm: World) -> None:
     # the plan was not stale (whether the server read the launcher's command line before it
     # was killed or after): it is kept
     assert plan_files(warm)
+
+
+def test_the_launcher_is_the_fronts_other_child_or_gone() -> None:
+    """The server finds the launcher as its parent's other child; a command that ended (its
+    launcher reaped) before the server looked leaves none: gone, not an error."""
+    probe = (
+        f"import sys; sys.path[:0] = {sys.path!r}; from execgate.cli.run import _launcher_pid; "
+        "print(_launcher_pid())"
+    )
+    alone = subprocess.run(
+        ["sh", "-c", f'"{sys.executable}" -c "$0"; true', probe],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert alone.stdout.split() == ["None"], alone.stderr
+    beside = subprocess.run(
+        ["sh", "-c", f'sleep 30 & "{sys.executable}" -c "$0"; echo $!; kill $!', probe],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    found, sleeper = beside.stdout.split()
+    assert found == sleeper, beside.stderr
+    assert isinstance(_launcher_options(None, "/bin/true"), LauncherGone)
+
+
+async def _adopt_a_gone_launcher() -> tuple[object, str]:
+    from execgate.gate.launcher import Launcher, LauncherError
+
+    ours, theirs = socket.socketpair()
+    theirs.close()  # the launcher exited: its end of the channel is closed
+    launcher, main = Launcher.adopt(None, ours, None, main_id=1)
+    try:
+        await asyncio.wait_for(main, timeout=30)
+    except LauncherError as exc:
+        said = str(exc)
+    else:
+        said = ""
+    await asyncio.wait_for(launcher.shutdown(), timeout=30)
+    return launcher.running, said
+
+
+def test_a_gone_launcher_is_adopted_as_ended() -> None:
+    """Adopting a launcher that has exited: the session sees its end on the channel, the
+    command it was to start fails as a launcher that exited, and closing it ends at once."""
+    running, said = asyncio.run(_adopt_a_gone_launcher())
+    assert running is False
+    assert "the session launcher exited" in said
 
 
 def test_a_launcher_that_exited_is_gone_not_another_launcher() -> None:

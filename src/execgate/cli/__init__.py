@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import contextlib
 import gc
 import logging
 import os
@@ -99,13 +98,14 @@ def entry() -> NoReturn:
     exit_now(main())
 
 
-def entry_with(work: Callable[[], int], *, done_fd: int) -> NoReturn:
+def entry_with(work: Callable[[], int], *, done: Callable[[int], None]) -> NoReturn:
     """Run ``work`` as a command (:func:`guarded`), then exit as :func:`entry` does (the
-    server of a native start, execgate/adopt.py), saying the status on ``done_fd`` last."""
-    exit_now(guarded(work), done_fd=done_fd)
+    server of a native start, execgate/adopt.py), telling ``done`` the status last (unless
+    ``work`` already did)."""
+    exit_now(guarded(work), done=done)
 
 
-def exit_now(status: int, *, done_fd: int = -1) -> NoReturn:
+def exit_now(status: int, *, done: Callable[[int], None] | None = None) -> NoReturn:
     """Once the command is done and only this thread is left, the exit functions run (log
     handlers flush and close), the standard streams are flushed, and the process ends without
     the interpreter's own teardown: with asyncio loaded that reclaims every object one by one
@@ -120,9 +120,8 @@ def exit_now(status: int, *, done_fd: int = -1) -> NoReturn:
             stream.flush()
         except (OSError, ValueError):  # as the interpreter's own exit: status 120
             status = status or 120
-    if done_fd >= 0:  # (the native front's server: its front stops waiting here)
-        with contextlib.suppress(OSError):
-            os.write(done_fd, bytes([status & 0xFF]))
+    if done is not None:  # (the native front's server: its front stops waiting here)
+        done(status)
     os._exit(status)
 
 

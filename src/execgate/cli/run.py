@@ -88,6 +88,12 @@ def serve_adopted(start: FrontStart) -> int:
     return _exit_like(asyncio.run(_run(args, start.command, start)))
 
 
+def exit_status(status: int) -> int:
+    """The exit status a shell reports for the command's wait status (128 + N: signal N)."""
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
+
+
 def _exit_like(status: int) -> int:
     """``execgate run``'s exit for the command's wait status."""
     code = os.waitstatus_to_exitcode(status)
@@ -243,6 +249,7 @@ async def _serve_adopted(
         standins=start.plan.standins,
     )
     session = EscalationSession.adopt(config, caller, parts)
+    status: int | None = None
     try:
         stale = _differs_from_plan(start, session, gate, log, launched)
         if stale is not None:
@@ -253,9 +260,11 @@ async def _serve_adopted(
                 f"execgate: error: the session was ended: its start-up plan was stale ({stale})",
                 file=sys.stderr,
             )
-            return STALE_PLAN << 8
+            status = STALE_PLAN << 8
+            return status
         async with reloader.watching():
-            return await ending.wait(await main)
+            status = await ending.wait(await main)
+            return status
     finally:
         loop = asyncio.get_running_loop()
         outlive_signals(loop)
@@ -263,6 +272,10 @@ async def _serve_adopted(
             await session.aclose()
             if caller.decisions is not None:
                 caller.decisions.close()
+            if status is not None:
+                # The session is closed and its records are written: the front need not
+                # wait for the event loop's own teardown (a thread to join its executor).
+                start.say_done(exit_status(status))
         finally:
             for signum in ENDING_SIGNALS:  # (else the loop's close makes them the defaults)
                 loop.remove_signal_handler(signum)
@@ -287,15 +300,16 @@ def outlive_signals(loop: asyncio.AbstractEventLoop) -> None:
 STALE_PLAN = 3
 
 
-def _launcher_pid() -> int:
-    """The native front's launcher: the front's other child (our parent's)."""
+def _launcher_pid() -> int | None:
+    """The native front's launcher: the front's other child (our parent's); None once it has
+    exited (the front reaps it at once: the command ended before this server looked)."""
     ppid = os.getppid()
     for task in os.listdir(f"/proc/{ppid}/task"):
         with open(f"/proc/{ppid}/task/{task}/children", encoding="ascii") as f:
             for pid in f.read().split():
                 if int(pid) != os.getpid():
                     return int(pid)
-    raise ExecgateError("the native front's launcher is gone")
+    return None
 
 
 class LauncherGone:
@@ -303,11 +317,13 @@ class LauncherGone:
     killed it, say): there is nothing left to compare, and the session is over."""
 
 
-def _launcher_options(pid: int, launcher: str) -> list[str] | LauncherGone | None:
+def _launcher_options(pid: int | None, launcher: str) -> list[str] | LauncherGone | None:
     """The sandbox options the front's launcher runs with (its command line after
     ``--control N --claim-fd N --status-fd N``), read once it runs ``launcher``; None when
     its command line is not the front's. What is read by pid is read while a pidfd says the
     process is still the launcher (the front reaps it once it exits: the pid is reused)."""
+    if pid is None:
+        return LauncherGone()
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:

@@ -203,7 +203,7 @@ class Launcher:
 
     def __init__(
         self,
-        process: subprocess.Popen[bytes] | int,
+        process: subprocess.Popen[bytes] | int | None,
         channel: Channel,
         sandbox: SandboxSpec | None,
         claim_path: Path | None = None,
@@ -211,8 +211,8 @@ class Launcher:
         first_id: int = 1,
     ) -> None:
         """``process``: the launcher we started, or the pid of one someone else started (the
-        native front's, :meth:`adopt`: its exit status is theirs)."""
-        self.pid = process if isinstance(process, int) else process.pid
+        native front's, :meth:`adopt`: its exit status is theirs; None: it has exited)."""
+        self.pid = process.pid if isinstance(process, subprocess.Popen) else process
         self.sandbox = sandbox
         self.claim_path = claim_path
         self._process = process
@@ -320,11 +320,12 @@ class Launcher:
 
     @classmethod
     def adopt(
-        cls, pid: int, control: socket.socket, sandbox: SandboxSpec | None, main_id: int
+        cls, pid: int | None, control: socket.socket, sandbox: SandboxSpec | None, main_id: int
     ) -> tuple[Launcher, asyncio.Future[LaunchedProcess]]:
         """The launcher the native front started (docs/protocol.md §8) with ``control`` its
         control channel, on which the front already sent spawn ``main_id`` (the session's
-        command): the launcher, and the future of that process (as :meth:`spawn`'s)."""
+        command): the launcher, and the future of that process (as :meth:`spawn`'s). ``pid``
+        None: it has exited already (what it said is still on the channel, then its EOF)."""
         control.setblocking(False)
         launcher = cls(pid, Channel(control), sandbox, first_id=main_id + 1)
         main: asyncio.Future[LaunchedProcess] = launcher._loop.create_future()
@@ -572,11 +573,13 @@ class Launcher:
                 item.done.set_exception(LauncherError(reason))
 
     def _watch_exit(self) -> None:
+        pid, process = self.pid, self._process
+        if pid is None or process is None:
+            return  # (adopted, and gone: its end is its channel's EOF, _read_events)
         try:
-            pidfd = os.pidfd_open(self.pid)
+            pidfd = os.pidfd_open(pid)
         except OSError:
             pidfd = -1
-        process = self._process
 
         def reap() -> None:
             # An adopted launcher is the front's child: its status is the front's to reap and
@@ -587,7 +590,7 @@ class Launcher:
             if pidfd >= 0:
                 self._loop.remove_reader(pidfd)
                 os.close(pidfd)
-            orphans.disown(self.pid)
+            orphans.disown(pid)
             # Lost, not shut down: kill what it left behind. A launcher that exits 0 (after
             # its `last` program) has reaped its whole tree: nothing was left to us.
             if self._shutdown_task is None and status != 0:
@@ -628,7 +631,7 @@ class Launcher:
             reason = f"the session launcher's channel failed ({exc.strerror})"
         finally:
             self._closed = True
-            if isinstance(self._process, int) and not self._exit.done():
+            if not isinstance(self._process, subprocess.Popen) and not self._exit.done():
                 self._exit.set_result(0)  # adopted: its channel closes when it exits
             self._fail_outgoing(reason)
             error = LauncherError(reason)
@@ -670,7 +673,7 @@ class Launcher:
             if isinstance(self._process, int):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self._process, signal.SIGKILL)  # the front's child: not reused yet
-            else:
+            elif self._process is not None:
                 self._process.kill()
             await self._exit
         # What a launcher that was killed under the session left behind (then adopted by

@@ -88,7 +88,7 @@ def serve_adopted(start: FrontStart) -> int:
     return _exit_like(asyncio.run(_run(args, start.command, start)))
 
 
-def exit_status(status: int) -> int:
+def _exit_status(status: int) -> int:
     """The exit status a shell reports for the command's wait status (128 + N: signal N)."""
     code = os.waitstatus_to_exitcode(status)
     return code if code >= 0 else 128 - code
@@ -102,8 +102,7 @@ def _exit_like(status: int) -> int:
         if -code not in (signal.SIGKILL, signal.SIGSTOP):  # (those cannot be handled)
             signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
-        return 128 - code
-    return code
+    return _exit_status(status)
 
 
 async def _run(
@@ -275,7 +274,7 @@ async def _serve_adopted(
             if status is not None:
                 # The session is closed and its records are written: the front need not
                 # wait for the event loop's own teardown (a thread to join its executor).
-                start.say_done(exit_status(status))
+                start.say_done(_exit_status(status))
         finally:
             for signum in ENDING_SIGNALS:  # (else the loop's close makes them the defaults)
                 loop.remove_signal_handler(signum)
@@ -314,7 +313,7 @@ def _launcher_pid() -> int | None:
 
 class LauncherGone:
     """The front's launcher exited before the server read its command line (the command
-    killed it, say): there is nothing left to compare, and the session is over."""
+    ended, or killed it): there is nothing left to compare, and the session is over."""
 
 
 def _launcher_options(pid: int | None, launcher: str) -> list[str] | LauncherGone | None:

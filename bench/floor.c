@@ -1,20 +1,22 @@
-/* The least an escalation can cost: bench/escalation_floor.py's model of the claim path with
- * nothing checked, to measure execgate's escalated exec against what its design cannot avoid.
+/* The least execgate's design can cost: bench/floor.py's models of a gated exec with nothing
+ * decided and of an escalation with nothing checked, to measure execgate against them.
  *
  * Built twice from this file:
- *   -DFLOOR_PRELOAD -shared  a preloaded execve that sends the program, its arguments and
- *                            descriptors 0-2 to the launcher and exits with the status the
- *                            launcher answers, as execgate's interposer claims a standing
- *                            authorization (docs/protocol.md §4)
+ *   -DFLOOR_PRELOAD -shared  a preloaded execve. Without EXECGATE_FLOOR_SOCK it only passes
+ *                            each exec on (raw syscall): what loading any interposer into
+ *                            every program costs. With it, it sends the program, its arguments
+ *                            and descriptors 0-2 to the launcher there and exits with the
+ *                            status the launcher answers, as execgate's interposer claims a
+ *                            standing authorization (docs/protocol.md §4)
  *   (no define)              the launcher: accepts a claim, vforks and execs the program on
  *                            the claimer's descriptors, waits for it and answers its status
  *
- * What it leaves out is what execgate's launcher checks per claim (the stand-in, the judged
- * file, the claimer's working directory and repository, the report to the server) and what the
- * interposer derives before it asks (the program's identity, every inherited descriptor).
- * What it keeps is the structure: the fork child waits as the claimer, the program is the
- * launcher's child, and the program loads the preload library too (descendants stay gated).
- * Not for use outside this benchmark: it runs whatever it is sent.
+ * What the escalation leaves out is what execgate's launcher checks per claim (the stand-in,
+ * the judged file, the claimer's working directory and repository, the report to the server)
+ * and what the interposer derives before it asks (the program's identity, every inherited
+ * descriptor). What it keeps is the structure: the fork child waits as the claimer, the
+ * program is the launcher's child, and the program loads the preload library too (descendants
+ * stay gated). Not for use outside this benchmark: it runs whatever it is sent.
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -32,7 +32,7 @@ network_rule(host = "example.com", protocol = "https", decision = "deny")
 
 @pytest.fixture
 def store(env: Env) -> RulesCache:
-    return RulesCache(env.execgate_home / "cache" / "policy", min_bytes=0)
+    return RulesCache(env.execgate_home / "cache" / "policy")
 
 
 def no_starlark(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,7 +120,7 @@ def test_small_files_are_cached_too(env: Env) -> None:
 def test_unwritable_cache_only_costs_time(env: Env) -> None:
     path = env.write("p.rules", TEXT)
     blocker = env.write("blocker", "not a folder")
-    store = RulesCache(Path(blocker) / "cache", min_bytes=0)
+    store = RulesCache(Path(blocker) / "cache")
     assert (
         load_rules_files([path], cache=store).evaluate(["rm", "-rf"]).decision is Decision.FORBIDDEN
     )

@@ -26,8 +26,7 @@ from execgate.policy.model import Decision, NetworkRule, PrefixRule, SourceLocat
 
 CACHE_FORMAT = 2
 # Every size is cached: evaluating even a one-rule file loads the Starlark engine, about 10 ms
-# of CPU and 8 MB in a server that would otherwise not need it (entries stay few: MAX_ENTRIES).
-MIN_CACHED_BYTES = 0
+# of CPU and 8 MB in a server that would otherwise not need it (entries stay few).
 MAX_ENTRIES = 64
 
 
@@ -196,12 +195,8 @@ def _collector_paused() -> Iterator[None]:
 class RulesCache:
     """Evaluated rules files by content hash, in ``directory`` (default: the user cache)."""
 
-    def __init__(self, directory: Path | None = None, *, min_bytes: int = MIN_CACHED_BYTES) -> None:
+    def __init__(self, directory: Path | None = None) -> None:
         self.directory = directory or default_cache_dir()
-        self.min_bytes = min_bytes
-
-    def wants(self, text: str) -> bool:
-        return len(text) >= self.min_bytes
 
     def _entry(self, key: str) -> Path:
         return self.directory / f"{key}.json"

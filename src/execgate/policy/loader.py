@@ -49,8 +49,8 @@ def cacheable(path: Path, cache: RulesCache | None) -> RulesCache | None:
 
 
 def compile_rules_text(text: str, name: str, *, cache: RulesCache | None = None) -> FileRules:
-    """Evaluate rules text loaded under ``name``, through the cache when it is worth it."""
-    if cache is not None and cache.wants(text):
+    """Evaluate rules text loaded under ``name``, through the cache when there is one."""
+    if cache is not None:
         cached = cache.get(name, text)
         if cached is not None:
             return cached

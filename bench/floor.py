@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from exec_overhead import LOOP, gated, loop_env  # a sibling script (bench/ is sys.path[0])
+from exec_overhead import loop_env, measure  # a sibling script (bench/ is sys.path[0])
 
 SOURCE = Path(__file__).with_name("floor.c")
 NO_RULE = 'prefix_rule(["git", "push"], "prompt")\n'
@@ -69,13 +69,6 @@ def build(out: Path) -> tuple[Path, Path]:
     return library, launcher
 
 
-def per_exec(cmd: list[str], env: dict[str, str], execs: int) -> int:
-    """Microseconds per exec of one run of the loop under ``cmd``."""
-    loop = ["bash", "--norc", "--noprofile", "-c", LOOP.format(n=execs, program="/bin/true")]
-    out = subprocess.run([*cmd, *loop], env=env, capture_output=True, text=True, check=True)
-    return int(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--execs", type=int, default=1000)
@@ -95,18 +88,20 @@ def main() -> None:
             (home / "none.rules").write_text(NO_RULE)
             (home / "allow.rules").write_text(ALLOW_TRUE)
             preloaded = {**env, "LD_PRELOAD": str(library)}
-            configs: dict[str, tuple[list[str], dict[str, str]]] = {
-                "plain": ([], env),
-                "preload only": ([], preloaded),
-                "run (snapshot)": (gated([], home / "none.rules", []), env),
-                "escalation floor": ([], {**preloaded, "EXECGATE_FLOOR_SOCK": str(sock)}),
-                "escalate": (
-                    gated([], home / "allow.rules", ["--sandbox", "workspace-write"]),
-                    env,
-                ),
+            # name: (rules file or None for no execgate, `execgate run` options, environment)
+            configs: dict[str, tuple[Path | None, list[str], dict[str, str]]] = {
+                "plain": (None, [], env),
+                "preload only": (None, [], preloaded),
+                "run (snapshot)": (home / "none.rules", [], env),
+                "escalation floor": (None, [], {**preloaded, "EXECGATE_FLOOR_SOCK": str(sock)}),
+                "escalate": (home / "allow.rules", ["--sandbox", "workspace-write"], env),
             }
+            true = Path("/bin/true")
             rounds = [
-                {name: per_exec(*config, args.execs) for name, config in configs.items()}
+                {
+                    name: measure(rules, options, args.execs, run_env, true)
+                    for name, (rules, options, run_env) in configs.items()
+                }
                 for _ in range(args.rounds)
             ]
         finally:
